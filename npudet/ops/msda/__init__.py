@@ -1,0 +1,27 @@
+"""Multi-scale deformable attention: one function, several implementations."""
+
+from . import cpu_impl, gather_impl, grid_sample_impl  # noqa: F401  (register)
+from .api import multi_scale_deformable_attn
+from .inputs import MSDAInputs, validate_inputs
+from .registry import (
+    MSDAImpl,
+    auto_order,
+    get_impl,
+    msda_impls,
+    register,
+    registered_impls,
+    select_impl,
+)
+
+__all__ = [
+    "MSDAImpl",
+    "MSDAInputs",
+    "auto_order",
+    "get_impl",
+    "msda_impls",
+    "multi_scale_deformable_attn",
+    "register",
+    "registered_impls",
+    "select_impl",
+    "validate_inputs",
+]

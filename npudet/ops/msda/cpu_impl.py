@@ -1,0 +1,138 @@
+"""``cpu``: the fused C++/OpenMP kernel (``ops/cpu/msda_cpu.cpp``) as torch custom ops.
+
+Variants expose the kernel's design choices so the benchmark can price each one:
+``cpu`` (fused 4-corner pass, contention-free backward by (batch, head) ownership),
+``cpu_atomic`` (backward parallel over queries with atomic adds into grad_value) and
+``cpu_corner`` (one pass over the channels per corner instead of one for all four).
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+
+from .native_build import load_extension
+from .registry import MSDAImpl, register
+
+FUSED = 1
+ATOMIC = 2
+
+
+def _ext():
+    ext = load_extension("npudet_msda_cpu", ["cpu/msda_cpu.cpp"])
+    if isinstance(ext, str):
+        raise RuntimeError(f"npudet cpu MSDA kernel unavailable: {ext}")
+    return ext
+
+
+@torch.library.custom_op("npudet::msda_cpu_forward", mutates_args=(), device_types="cpu")
+def msda_cpu_forward(
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+    variant: int,
+) -> torch.Tensor:
+    """value (bs, keys, heads, D) float32/64 -> (bs, num_queries, heads * D)."""
+    return _ext().forward(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights, variant
+    )
+
+
+@msda_cpu_forward.register_fake
+def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, variant):
+    bs, _, heads, dim = value.shape
+    return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
+
+
+@torch.library.custom_op("npudet::msda_cpu_backward", mutates_args=(), device_types="cpu")
+def msda_cpu_backward(
+    grad_output: torch.Tensor,
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+    variant: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients w.r.t. value, sampling_locations and attention_weights."""
+    grad_value, grad_loc, grad_attn = _ext().backward(
+        grad_output,
+        value,
+        spatial_shapes,
+        level_start_index,
+        sampling_locations,
+        attention_weights,
+        variant,
+    )
+    return grad_value, grad_loc, grad_attn
+
+
+@msda_cpu_backward.register_fake
+def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+      attention_weights, variant):
+    return (
+        torch.empty_like(value),
+        torch.empty_like(sampling_locations),
+        torch.empty_like(attention_weights),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, variant = inputs
+    ctx.save_for_backward(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    )
+    ctx.variant = variant
+
+
+def _backward(ctx, grad_output):
+    grad_value, grad_loc, grad_attn = msda_cpu_backward(
+        grad_output.contiguous(), *ctx.saved_tensors, ctx.variant
+    )
+    return grad_value, None, None, grad_loc, grad_attn, None
+
+
+msda_cpu_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class CPUImpl(MSDAImpl):
+    """Fused CPU kernel; half/bfloat16 inputs are computed in float32."""
+
+    NAME = "cpu"
+    VARIANT = FUSED
+    DEVICES = ("cpu",)
+    DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+    def unavailable_reasons(self) -> List[str]:
+        ext = load_extension("npudet_msda_cpu", ["cpu/msda_cpu.cpp"])
+        return [ext] if isinstance(ext, str) else []
+
+    def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+        dtype = value.dtype
+        compute = dtype if dtype in (torch.float32, torch.float64) else torch.float32
+        out = msda_cpu_forward(
+            value.to(compute).contiguous(),
+            spatial_shapes,
+            level_start_index,
+            sampling_locations.to(compute).contiguous(),
+            attention_weights.to(compute).contiguous(),
+            self.VARIANT,
+        )
+        return out.to(dtype)
+
+
+class CPUAtomicImpl(CPUImpl):
+    NAME = "cpu_atomic"
+    VARIANT = FUSED | ATOMIC
+
+
+class CPUCornerImpl(CPUImpl):
+    NAME = "cpu_corner"
+    VARIANT = 0
+
+
+for _impl in (CPUImpl(), CPUAtomicImpl(), CPUCornerImpl()):
+    register(_impl)

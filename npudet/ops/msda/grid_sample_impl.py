@@ -1,0 +1,59 @@
+"""``grid_sample``: the baseline, the same computation as mmcv's
+``multi_scale_deformable_attn_pytorch`` (one ``F.grid_sample`` per level)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .registry import MSDAImpl, register
+
+
+def msda_grid_sample(
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+) -> torch.Tensor:
+    """Reference MSDA. value (bs, keys, heads, D) -> (bs, num_queries, heads * D).
+
+    Reads ``spatial_shapes`` on the host (as mmcv does), so ``torch.compile`` breaks the
+    graph here; use ``gather`` or a fused implementation inside compiled code.
+    """
+    bs, _, num_heads, head_dim = value.shape
+    _, num_queries, _, num_levels, num_points, _ = sampling_locations.shape
+    shapes = [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
+    value_list = value.split([h * w for h, w in shapes], dim=1)
+    sampling_grids = 2 * sampling_locations - 1
+    sampled = []
+    for level, (h, w) in enumerate(shapes):
+        # (bs, h*w, heads, D) -> (bs*heads, D, h, w)
+        value_l = value_list[level].flatten(2).transpose(1, 2).reshape(bs * num_heads, head_dim, h, w)
+        # (bs, q, heads, points, 2) -> (bs*heads, q, points, 2)
+        grid_l = sampling_grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
+        sampled.append(
+            F.grid_sample(value_l, grid_l, mode="bilinear", padding_mode="zeros", align_corners=False)
+        )
+    # (bs, q, heads, levels, points) -> (bs*heads, 1, q, levels*points)
+    weights = attention_weights.transpose(1, 2).reshape(
+        bs * num_heads, 1, num_queries, num_levels * num_points
+    )
+    output = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1)
+    return output.view(bs, num_heads * head_dim, num_queries).transpose(1, 2).contiguous()
+
+
+class GridSampleImpl(MSDAImpl):
+    """Runs wherever ``F.grid_sample`` does; materialises (bs*heads, D, q, levels*points)."""
+
+    NAME = "grid_sample"
+    DEVICES = ("cpu", "cuda", "npu", "xpu", "mps", "meta")
+    DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+    def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+        return msda_grid_sample(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+
+
+register(GridSampleImpl())

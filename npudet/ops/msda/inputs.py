@@ -1,0 +1,156 @@
+"""Validation of MSDA inputs and the summary that implementations decide on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class MSDAInputs:
+    """What an implementation needs to know to say whether it supports a call."""
+
+    device_type: str
+    dtype: torch.dtype
+    batch: int
+    num_keys: int
+    num_heads: int
+    head_dim: int
+    num_levels: int
+    num_queries: int
+    num_points: int
+    requires_grad: bool
+
+    @property
+    def value_numel(self) -> int:
+        return self.batch * self.num_keys * self.num_heads * self.head_dim
+
+
+def _shape_error(name: str, expected: str, tensor: torch.Tensor) -> ValueError:
+    return ValueError(f"{name}: expected shape {expected}, got {tuple(tensor.shape)}")
+
+
+def validate_inputs(
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+    check_values: bool = True,
+) -> MSDAInputs:
+    """Check the MSDA op contract and summarise the call.
+
+    Args:
+        value: (bs, num_keys, num_heads, head_dim) float.
+        spatial_shapes: (num_levels, 2) integer, (H, W) of each level.
+        level_start_index: (num_levels,) integer, first key of each level.
+        sampling_locations: (bs, num_queries, num_heads, num_levels, num_points, 2).
+        attention_weights: (bs, num_queries, num_heads, num_levels, num_points).
+        check_values: also check the contents of ``spatial_shapes`` and
+            ``level_start_index`` (reads them; skipped while tracing).
+
+    Raises:
+        TypeError: a non-tensor argument or a wrong dtype.
+        ValueError: a wrong rank, mismatched sizes, inconsistent level layout or devices.
+    """
+    args = {
+        "value": value,
+        "spatial_shapes": spatial_shapes,
+        "level_start_index": level_start_index,
+        "sampling_locations": sampling_locations,
+        "attention_weights": attention_weights,
+    }
+    for name, arg in args.items():
+        if not isinstance(arg, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(arg).__name__}")
+    if value.dim() != 4:
+        raise _shape_error("value", "(bs, num_keys, num_heads, head_dim)", value)
+    bs, num_keys, num_heads, head_dim = value.shape
+    if spatial_shapes.dim() != 2 or spatial_shapes.shape[1] != 2:
+        raise _shape_error("spatial_shapes", "(num_levels, 2)", spatial_shapes)
+    num_levels = spatial_shapes.shape[0]
+    if sampling_locations.dim() != 6 or sampling_locations.shape[-1] != 2:
+        raise _shape_error(
+            "sampling_locations",
+            "(bs, num_queries, num_heads, num_levels, num_points, 2)",
+            sampling_locations,
+        )
+    num_queries, num_points = sampling_locations.shape[1], sampling_locations.shape[4]
+    expected_loc = (bs, num_queries, num_heads, num_levels, num_points, 2)
+    if tuple(sampling_locations.shape) != expected_loc:
+        raise _shape_error(
+            "sampling_locations",
+            f"{expected_loc} = (bs, num_queries, num_heads, num_levels, num_points, 2) "
+            "matching value and spatial_shapes",
+            sampling_locations,
+        )
+    expected_attn = expected_loc[:-1]
+    if tuple(attention_weights.shape) != expected_attn:
+        raise _shape_error(
+            "attention_weights",
+            f"{expected_attn} = (bs, num_queries, num_heads, num_levels, num_points)",
+            attention_weights,
+        )
+    if tuple(level_start_index.shape) != (num_levels,):
+        raise _shape_error("level_start_index", f"({num_levels},) = (num_levels,)", level_start_index)
+    for name in ("value", "sampling_locations", "attention_weights"):
+        if args[name].dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name}: expected a floating dtype, got {args[name].dtype}")
+    if sampling_locations.dtype != value.dtype or attention_weights.dtype != value.dtype:
+        raise TypeError(
+            "sampling_locations, attention_weights: expected the dtype of value "
+            f"({value.dtype}), got {sampling_locations.dtype} and {attention_weights.dtype}"
+        )
+    for name in ("spatial_shapes", "level_start_index"):
+        if args[name].dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name}: expected an int32 or int64 tensor, got {args[name].dtype}")
+    devices = {name: arg.device for name, arg in args.items()}
+    if len(set(devices.values())) != 1:
+        listed = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+        raise ValueError(f"all inputs must be on one device, got {listed}")
+    if min(bs, num_keys, num_heads, head_dim, num_levels, num_queries, num_points) == 0:
+        raise ValueError(
+            "value, sampling_locations: empty dimension in "
+            f"(bs, num_keys, num_heads, head_dim, num_levels, num_queries, num_points) = "
+            f"{(bs, num_keys, num_heads, head_dim, num_levels, num_queries, num_points)}"
+        )
+    if check_values:
+        _check_levels(spatial_shapes, level_start_index, num_keys)
+    return MSDAInputs(
+        device_type=value.device.type,
+        dtype=value.dtype,
+        batch=bs,
+        num_keys=num_keys,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        num_levels=num_levels,
+        num_queries=num_queries,
+        num_points=num_points,
+        requires_grad=any(
+            t.requires_grad for t in (value, sampling_locations, attention_weights)
+        ),
+    )
+
+
+def _check_levels(
+    spatial_shapes: torch.Tensor, level_start_index: torch.Tensor, num_keys: int
+) -> None:
+    shapes = spatial_shapes.detach().cpu().tolist()
+    starts = level_start_index.detach().cpu().tolist()
+    if any(h <= 0 or w <= 0 for h, w in shapes):
+        raise ValueError(f"spatial_shapes: expected positive (H, W) per level, got {shapes}")
+    sizes = [h * w for h, w in shapes]
+    if sum(sizes) != num_keys:
+        raise ValueError(
+            f"spatial_shapes: sum of H*W over levels is {sum(sizes)}, but value has "
+            f"num_keys={num_keys} (value.shape[1])"
+        )
+    expected = [sum(sizes[:i]) for i in range(len(sizes))]
+    if starts != expected:
+        raise ValueError(
+            f"level_start_index: expected {expected} (cumulative H*W of spatial_shapes), "
+            f"got {starts}"
+        )
