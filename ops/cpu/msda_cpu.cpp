@@ -34,13 +34,14 @@ struct Dims {
 };
 
 // Bilinear corners of one sample. Returns false when no corner lies inside the map
-// (also for NaN/inf coordinates, which fail every comparison).
+// (also for NaN/inf coordinates, which fail every comparison). x = -1 is kept: its right
+// corner has weight 0 but a gradient, exactly as in grid_sample.
 template <typename T>
 inline bool corners(T lx, T ly, int64_t H, int64_t W, int64_t row_stride, int64_t* off,
                     T* w, T& fx, T& fy) {
   const T x = lx * static_cast<T>(W) - T(0.5);
   const T y = ly * static_cast<T>(H) - T(0.5);
-  if (!(y > T(-1) && x > T(-1) && y < static_cast<T>(H) && x < static_cast<T>(W))) return false;
+  if (!(y >= T(-1) && x >= T(-1) && y < static_cast<T>(H) && x < static_cast<T>(W))) return false;
   const T xf = std::floor(x);
   const T yf = std::floor(y);
   const int64_t x0 = static_cast<int64_t>(xf);

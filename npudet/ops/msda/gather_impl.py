@@ -39,6 +39,10 @@ def bilinear_corners(
     width = shapes[:, 1].view(num_levels, 1)
     x = loc[..., 0] * width - 0.5  # (bs, q, heads, levels, points)
     y = loc[..., 1] * height - 0.5
+    # NaN/inf coordinates become an off-map point, so no NaN reaches any gradient.
+    off_map = torch.full((), -2.0, dtype=coord_dtype, device=loc.device)
+    x = torch.where(torch.isfinite(x), x, off_map)
+    y = torch.where(torch.isfinite(y), y, off_map)
     x0 = torch.floor(x)
     y0 = torch.floor(y)
     fx = x - x0
@@ -50,7 +54,6 @@ def bilinear_corners(
     wy = torch.stack((1 - fy, 1 - fy, fy, fy), dim=-1)
     w_l = width.unsqueeze(-1)
     h_l = height.unsqueeze(-1)
-    # NaN coordinates compare False everywhere, so they are invalid too.
     valid = (cx >= 0) & (cx <= w_l - 1) & (cy >= 0) & (cy <= h_l - 1)
     zero = torch.zeros((), dtype=coord_dtype, device=loc.device)
     key = torch.where(valid, cy * w_l + cx, zero).long()

@@ -34,7 +34,7 @@ class MSDAImpl:
 
     def not_supported_reasons(self, inputs: MSDAInputs) -> List[str]:
         """Why this implementation cannot take a call with these inputs ([] if it can)."""
-        reasons = list(self.unavailable_reasons())
+        reasons = list(_unavailable(self.NAME))
         if inputs.device_type not in self.DEVICES:
             reasons.append(f"device {inputs.device_type!r} not in {list(self.DEVICES)}")
         if inputs.dtype not in self.DTYPES:
@@ -69,6 +69,12 @@ DEFAULT_PRIORITY: List[str] = ["gather", "grid_sample"]
 _announced: set = set()
 
 
+@torch.compiler.assume_constant_result
+def _unavailable(name: str) -> tuple:
+    """``unavailable_reasons`` of a registered name; a constant to ``torch.compile``."""
+    return tuple(_REGISTRY[name].unavailable_reasons())
+
+
 def register(impl: MSDAImpl) -> MSDAImpl:
     """Add an implementation under ``impl.NAME`` (replacing one of the same name)."""
     if not impl.NAME:
@@ -94,7 +100,7 @@ def registered_impls() -> List[str]:
 
 def msda_impls() -> List[str]:
     """Names of the implementations usable on this machine."""
-    return [name for name in sorted(_REGISTRY) if not _REGISTRY[name].unavailable_reasons()]
+    return [name for name in sorted(_REGISTRY) if not _unavailable(name)]
 
 
 def auto_order(device_type: str) -> List[str]:

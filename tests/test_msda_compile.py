@@ -1,0 +1,67 @@
+"""torch.compile, fake tensors and the custom ops' registration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from msda_util import random_inputs, run
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from npudet.ops import multi_scale_deformable_attn
+from npudet.ops.msda import cpu_impl
+
+
+def _layer(impl):
+    def fn(value, spatial, starts, loc, logits):
+        attn = logits.softmax(-1).view(loc.shape[:-1])
+        return multi_scale_deformable_attn(value, spatial, starts, loc, attn, impl=impl) * 2
+
+    return fn
+
+
+@pytest.mark.parametrize(("impl", "backend"), [("cpu", "inductor"), ("gather", "aot_eager")])
+def test_compile_fullgraph_forward_and_backward(impl, backend):
+    torch._dynamo.reset()
+    value, spatial, starts, loc, attn = random_inputs(queries=6)
+    logits = attn.flatten(-2).log()
+    leaves = [t.clone().requires_grad_() for t in (value, loc, logits)]
+    compiled = torch.compile(_layer(impl), fullgraph=True, backend=backend)
+    out = compiled(leaves[0], spatial, starts, leaves[1], leaves[2])
+    grads = torch.autograd.grad(out.sum(), leaves)
+    ref_leaves = [t.clone().requires_grad_() for t in (value, loc, logits)]
+    ref = _layer("grid_sample")(ref_leaves[0], spatial, starts, ref_leaves[1], ref_leaves[2])
+    ref_grads = torch.autograd.grad(ref.sum(), ref_leaves)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("variant", [cpu_impl.FUSED, cpu_impl.FUSED | cpu_impl.ATOMIC, 0])
+def test_fake_kernels_match_real_shapes(variant):
+    inputs = random_inputs(batch=3, queries=4, heads=2, dim=5)
+    real_out = cpu_impl.msda_cpu_forward(*inputs, variant)
+    grad = torch.randn_like(real_out)
+    real_grads = cpu_impl.msda_cpu_backward(grad, *inputs, variant)
+    with FakeTensorMode() as mode:
+        fake_inputs = [mode.from_tensor(t) for t in inputs]
+        fake_out = cpu_impl.msda_cpu_forward(*fake_inputs, variant)
+        fake_grads = cpu_impl.msda_cpu_backward(mode.from_tensor(grad), *fake_inputs, variant)
+    assert fake_out.shape == real_out.shape and fake_out.dtype == real_out.dtype
+    for fake, real in zip(fake_grads, real_grads):
+        assert fake.shape == real.shape and fake.dtype == real.dtype
+
+
+def test_custom_op_passes_torch_opcheck():
+    inputs = random_inputs(dtype=torch.float64, low=0.1, high=0.9)
+    args = (*[t.clone().requires_grad_(t.is_floating_point()) for t in inputs], cpu_impl.FUSED)
+    torch.library.opcheck(cpu_impl.msda_cpu_forward, args)
+
+
+def test_variants_agree_with_each_other():
+    inputs = random_inputs(heads=8, dim=32, queries=40, points=4)
+    out, grads = run("cpu", inputs)
+    for other in ("cpu_atomic", "cpu_corner"):
+        out2, grads2 = run(other, inputs)
+        torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
+        for a, b in zip(grads2, grads):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)

@@ -1,0 +1,133 @@
+"""Every MSDA implementation against the grid_sample baseline: forward and all gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from msda_util import REFERENCE, candidate_impls, level_layout, random_inputs, run
+
+from npudet.ops import msda_impls, multi_scale_deformable_attn
+
+IMPLS = candidate_impls()
+
+EDGE_CASES = {
+    "basic": {},
+    "one-level": dict(shapes=((5, 7),)),
+    "five-levels": dict(shapes=((8, 8), (4, 6), (3, 3), (2, 1), (1, 1))),
+    "1x1-levels": dict(shapes=((1, 1), (1, 1), (2, 3))),
+    "heads-1": dict(heads=1),
+    "heads-8": dict(heads=8, dim=4),
+    "dim-3": dict(dim=3),
+    "dim-32": dict(dim=32),
+    "dim-33": dict(dim=33),
+    "points-1": dict(points=1),
+    "points-8": dict(points=8),
+    "batch-1": dict(batch=1),
+    "batch-3": dict(batch=3),
+    "one-query": dict(queries=1),
+    "all-outside": dict(low=1.01, high=3.0),
+    "far-outside": dict(low=-50.0, high=50.0),
+}
+
+
+def test_expected_impls_are_usable_here():
+    assert {"grid_sample", "gather", "cpu", "cpu_atomic", "cpu_corner"} <= set(msda_impls())
+
+
+def assert_matches_reference(impl, inputs, rtol=1e-4, atol=1e-4):
+    out, grads = run(impl, inputs)
+    ref_out, ref_grads = run(REFERENCE, inputs)
+    torch.testing.assert_close(out, ref_out, rtol=rtol, atol=atol)
+    for name, got, want in zip(("value", "locations", "weights"), grads, ref_grads):
+        scale = max(want.abs().max().item(), 1.0)
+        torch.testing.assert_close(
+            got, want, rtol=rtol, atol=atol * scale, msg=lambda m, n=name: f"grad {n}: {m}"
+        )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", sorted(EDGE_CASES))
+def test_float32_matches_grid_sample(impl, case):
+    assert_matches_reference(impl, random_inputs(**EDGE_CASES[case]))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_exact_borders_match_grid_sample(impl):
+    """Locations on pixel centres, pixel edges, the map edges and one pixel beyond.
+
+    Power-of-two maps make ``loc * W - 0.5`` exact in every implementation's arithmetic,
+    so even the gradients at these kinks must agree (float64).
+    """
+    shapes = ((4, 8), (2, 2))
+    spatial, starts, keys = level_layout(shapes)
+    gen = torch.Generator().manual_seed(3)
+    batch, queries, heads, dim, points = 1, 24, 2, 5, 3
+    value = torch.randn(batch, keys, heads, dim, generator=gen, dtype=torch.float64)
+    # multiples of 1/16 from -3/16 to 19/16: covers x = -1, -0.5, 0, W-0.5, W on both levels
+    grid = torch.arange(-3, 20, dtype=torch.float64) / 16
+    pick = torch.randint(0, grid.numel(), (batch, queries, heads, len(shapes), points, 2), generator=gen)
+    loc = grid[pick]
+    loc[0, 0, 0, :, 0] = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    loc[0, 1, 0, :, 0] = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    attn = torch.rand(batch, queries, heads, len(shapes), points, generator=gen, dtype=torch.float64)
+    assert_matches_reference(impl, (value, spatial, starts, loc, attn), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_contiguous_inputs(impl):
+    value, spatial, starts, loc, attn = random_inputs(heads=3, dim=6, queries=7)
+    value_nc = value.transpose(2, 3).contiguous().transpose(2, 3)
+    loc_nc = torch.cat((loc, loc), dim=1)[:, ::2]
+    attn_nc = attn.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not (value_nc.is_contiguous() or loc_nc.is_contiguous() or attn_nc.is_contiguous())
+    assert_matches_reference(impl, (value_nc, spatial, starts, loc_nc, attn_nc))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nan_locations_contribute_nothing(impl):
+    value, spatial, starts, loc, attn = random_inputs(queries=4)
+    loc = loc.clone()
+    loc[:, 1] = float("nan")
+    loc[:, 2, :, :, :, 0] = float("inf")
+    out, grads = run(impl, (value, spatial, starts, loc, attn))
+    assert torch.all(out[:, 1:3] == 0)
+    assert torch.isfinite(out).all()
+    assert torch.isfinite(grads[0]).all() and torch.isfinite(grads[2]).all()
+    clean = loc.clone()
+    clean[:, 1:3] = 5.0  # outside: contributes zero, exactly like NaN
+    torch.testing.assert_close(
+        out, multi_scale_deformable_attn(value, spatial, starts, clean, attn, impl=impl)
+    )
+
+
+@pytest.mark.parametrize("impl", [*IMPLS, REFERENCE])
+def test_float64_gradcheck(impl):
+    inputs = random_inputs(shapes=((3, 4), (2, 2)), batch=1, queries=2, heads=2, dim=3,
+                           points=2, dtype=torch.float64, low=0.05, high=0.95, seed=5)
+    value, spatial, starts, loc, attn = [t.clone() for t in inputs]
+    value.requires_grad_()
+    loc.requires_grad_()
+    attn.requires_grad_()
+
+    def fn(v, l_, a):
+        return multi_scale_deformable_attn(v, spatial, starts, l_, a, impl=impl)
+
+    assert torch.autograd.gradcheck(fn, (value, loc, attn), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(impl, dtype):
+    value, spatial, starts, loc, attn = random_inputs(dim=16, low=0.0, high=1.0)
+    want = multi_scale_deformable_attn(value, spatial, starts, loc, attn, impl=REFERENCE)
+    got = multi_scale_deformable_attn(
+        value.to(dtype), spatial, starts, loc.to(dtype), attn.to(dtype), impl=impl
+    )
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), want, rtol=5e-2, atol=5e-2)
+
+
+def test_auto_on_cpu_takes_the_fused_kernel():
+    from npudet.ops.msda import select_impl, validate_inputs
+
+    assert select_impl("auto", validate_inputs(*random_inputs())).NAME == "cpu"
