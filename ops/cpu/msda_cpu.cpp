@@ -28,6 +28,7 @@ namespace {
 
 constexpr int64_t kFused = 1;
 constexpr int64_t kAtomic = 2;
+constexpr int64_t kPrivate = 4;
 
 struct Dims {
   int64_t B, K, NH, D, L, Q, P;
@@ -201,7 +202,7 @@ inline void backward_row(const T* value, const int64_t* shapes, const int64_t* s
   }
 }
 
-template <typename T, int DC, bool FUSED, bool ATOMIC>
+template <typename T, int DC, bool FUSED, bool ATOMIC, bool PRIVATE>
 void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
                    const T* attn, const T* gout, T* gvalue, T* gloc, T* gattn, const Dims& d) {
   const int64_t D = DC > 0 ? DC : d.D;
@@ -218,6 +219,38 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
         }
       }
     });
+    return;
+  }
+  const int64_t numel_all = d.B * d.K * d.NH * D;
+  if (PRIVATE) {
+    // Query-major like the forward (all heads of a pixel row together, good locality);
+    // each of T contiguous query ranges accumulates into its own copy, reduced below.
+    const int64_t T_ = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), d.B * d.Q));
+    std::vector<T> priv(static_cast<size_t>((T_ - 1) * numel_all), T(0));
+    at::parallel_for(0, T_, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> zeros(D, T(0)), sink(D, T(0));
+      for (int64_t t = begin; t < end; ++t) {
+        T* target = t == 0 ? gvalue : priv.data() + (t - 1) * numel_all;
+        const int64_t r0 = d.B * d.Q * t / T_, r1 = d.B * d.Q * (t + 1) / T_;
+        for (int64_t bq = r0; bq < r1; ++bq) {
+          const int64_t b = bq / d.Q;
+          for (int64_t h = 0; h < d.NH; ++h) {
+            backward_row<T, DC, FUSED, false>(value, shapes, starts, loc, attn,
+                                              gout + (bq * d.NH + h) * D, target, gloc, gattn,
+                                              b, bq, h, d, zeros.data(), sink.data());
+          }
+        }
+      }
+    });
+    if (T_ > 1) {
+      at::parallel_for(0, numel_all, 4096, [&](int64_t begin, int64_t end) {
+        for (int64_t k = 1; k < T_; ++k) {
+          const T* src = priv.data() + (k - 1) * numel_all;
+#pragma omp simd
+          for (int64_t i = begin; i < end; ++i) gvalue[i] += src[i];
+        }
+      });
+    }
     return;
   }
   // Ownership partition: item = (chunk, b, h); chunk 0 writes grad_value itself, the
@@ -341,6 +374,7 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
   at::Tensor gattn = at::empty_like(r.attn);
   const bool fused = variant & kFused;
   const bool atomic = variant & kAtomic;
+  const bool priv = variant & kPrivate;
   AT_DISPATCH_FLOATING_TYPES(r.value.scalar_type(), "msda_cpu_backward", [&] {
     const auto* v = r.value.data_ptr<scalar_t>();
     const auto* sh = r.shapes.data_ptr<int64_t>();
@@ -353,11 +387,14 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
     auto* ga = gattn.data_ptr<scalar_t>();
     NPUDET_DISPATCH_D(d.D, DC, [&] {
       if (atomic) {
-        if (fused) backward_impl<scalar_t, DC, true, true>(v, sh, st, lc, aw, go, gv, gl, ga, d);
-        else backward_impl<scalar_t, DC, false, true>(v, sh, st, lc, aw, go, gv, gl, ga, d);
+        if (fused) backward_impl<scalar_t, DC, true, true, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
+        else backward_impl<scalar_t, DC, false, true, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
+      } else if (priv) {
+        if (fused) backward_impl<scalar_t, DC, true, false, true>(v, sh, st, lc, aw, go, gv, gl, ga, d);
+        else backward_impl<scalar_t, DC, false, false, true>(v, sh, st, lc, aw, go, gv, gl, ga, d);
       } else {
-        if (fused) backward_impl<scalar_t, DC, true, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
-        else backward_impl<scalar_t, DC, false, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
+        if (fused) backward_impl<scalar_t, DC, true, false, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
+        else backward_impl<scalar_t, DC, false, false, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
       }
     });
   });
