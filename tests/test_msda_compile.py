@@ -36,7 +36,10 @@ def test_compile_fullgraph_forward_and_backward(impl, backend):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("variant", [cpu_impl.FUSED, cpu_impl.FUSED | cpu_impl.ATOMIC, 0])
+@pytest.mark.parametrize(
+    "variant",
+    [cpu_impl.FUSED, cpu_impl.FUSED | cpu_impl.ATOMIC, cpu_impl.FUSED | cpu_impl.OWNER, 0],
+)
 def test_fake_kernels_match_real_shapes(variant):
     inputs = random_inputs(batch=3, queries=4, heads=2, dim=5)
     real_out = cpu_impl.msda_cpu_forward(*inputs, variant)
@@ -60,8 +63,24 @@ def test_custom_op_passes_torch_opcheck():
 def test_variants_agree_with_each_other():
     inputs = random_inputs(heads=8, dim=32, queries=40, points=4)
     out, grads = run("cpu", inputs)
-    for other in ("cpu_atomic", "cpu_corner"):
+    for other in ("cpu_atomic", "cpu_owner", "cpu_corner", "cpu_noprefetch"):
         out2, grads2 = run(other, inputs)
         torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
         for a, b in zip(grads2, grads):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["cpu", "cpu_owner"])
+def test_backward_partitions_with_more_threads_than_work(impl):
+    """One (batch, head) pair on 2 threads: ownership splits queries into reduced chunks."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        inputs = random_inputs(batch=1, heads=1, queries=9, dim=32, points=4)
+        out, grads = run(impl, inputs)
+    finally:
+        torch.set_num_threads(threads)
+    ref_out, ref_grads = run("grid_sample", inputs)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)

@@ -31,7 +31,8 @@ EDGE_CASES = {
 
 
 def test_expected_impls_are_usable_here():
-    assert {"grid_sample", "gather", "cpu", "cpu_atomic", "cpu_corner"} <= set(msda_impls())
+    expected = {"grid_sample", "gather", "cpu", "cpu_atomic", "cpu_owner", "cpu_corner"}
+    assert expected | {"cpu_noprefetch"} <= set(msda_impls())
 
 
 def assert_matches_reference(impl, inputs, rtol=1e-4, atol=1e-4):
@@ -65,11 +66,15 @@ def test_exact_borders_match_grid_sample(impl):
     value = torch.randn(batch, keys, heads, dim, generator=gen, dtype=torch.float64)
     # multiples of 1/16 from -3/16 to 19/16: covers x = -1, -0.5, 0, W-0.5, W on both levels
     grid = torch.arange(-3, 20, dtype=torch.float64) / 16
-    pick = torch.randint(0, grid.numel(), (batch, queries, heads, len(shapes), points, 2), generator=gen)
+    pick = torch.randint(
+        0, grid.numel(), (batch, queries, heads, len(shapes), points, 2), generator=gen
+    )
     loc = grid[pick]
     loc[0, 0, 0, :, 0] = torch.tensor([0.0, 0.0], dtype=torch.float64)
     loc[0, 1, 0, :, 0] = torch.tensor([1.0, 1.0], dtype=torch.float64)
-    attn = torch.rand(batch, queries, heads, len(shapes), points, generator=gen, dtype=torch.float64)
+    attn = torch.rand(
+        batch, queries, heads, len(shapes), points, generator=gen, dtype=torch.float64
+    )
     assert_matches_reference(impl, (value, spatial, starts, loc, attn), rtol=1e-10, atol=1e-10)
 
 
@@ -102,8 +107,18 @@ def test_nan_locations_contribute_nothing(impl):
 
 @pytest.mark.parametrize("impl", [*IMPLS, REFERENCE])
 def test_float64_gradcheck(impl):
-    inputs = random_inputs(shapes=((3, 4), (2, 2)), batch=1, queries=2, heads=2, dim=3,
-                           points=2, dtype=torch.float64, low=0.05, high=0.95, seed=5)
+    inputs = random_inputs(
+        shapes=((3, 4), (2, 2)),
+        batch=1,
+        queries=2,
+        heads=2,
+        dim=3,
+        points=2,
+        dtype=torch.float64,
+        low=0.05,
+        high=0.95,
+        seed=5,
+    )
     value, spatial, starts, loc, attn = [t.clone() for t in inputs]
     value.requires_grad_()
     loc.requires_grad_()

@@ -159,10 +159,14 @@ def markdown(rows: List[dict]) -> str:
 
 def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                        help="comma list of case[:pattern], pattern realistic|uniform")
-    parser.add_argument("--impls", default=None,
-                        help="comma list (default: every implementation usable here)")
+    parser.add_argument(
+        "--cases",
+        default=",".join(DEFAULT_CASES),
+        help="comma list of case[:pattern], pattern realistic|uniform",
+    )
+    parser.add_argument(
+        "--impls", default=None, help="comma list (default: every implementation usable here)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds per case")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -191,8 +195,10 @@ def main(argv: List[str] | None = None) -> int:
     for spec in specs:
         rows.extend(run_case(spec, impls, args.repeat, args.device))
         print(f"[benchmark] {spec} done", file=sys.stderr, flush=True)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
-          f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
+        f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE}"
+    )
     print(markdown(rows))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

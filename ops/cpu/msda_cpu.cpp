@@ -1,27 +1,33 @@
-// Fused multi-scale deformable attention for CPU (forward and backward), OpenMP via
+// Fused multi-scale deformable attention for CPU (forward and backward), OpenMP through
 // at::parallel_for. Semantics are those of grid_sample(bilinear, zeros, align_corners=False):
-// pixel centre at (i + 0.5) / W, corners outside the map contribute zero.
+// x = loc_x * W - 0.5, corners outside the map contribute zero.
 //
 // Layouts (all contiguous):
-//   value    (B, K, NH, D)      D contiguous, a pixel of one head is one row of D values
-//   loc      (B, Q, NH, L, P, 2) x, y in [0, 1]
+//   value    (B, K, NH, D)        a pixel of one head is one row of D values
+//   loc      (B, Q, NH, L, P, 2)  x, y in [0, 1]
 //   attn     (B, Q, NH, L, P)
 //   out      (B, Q, NH, D)
-// Design:
-//   * nothing sampled is materialised: each corner is weighted and accumulated at once
-//     into a register/stack accumulator (forward) or scattered at once (backward);
+// Design (each choice can be switched off by a variant bit, so its worth can be measured):
+//   * nothing sampled is materialised: per output row (b, q, h) the corners of all its
+//     levels x points are planned first (offsets, weights, software prefetch of the rows:
+//     kNoPrefetch turns the prefetch off), then weighted and accumulated in a register
+//     accumulator (forward) or scattered at once (backward);
 //   * kFused: the four corners of a sample are read in ONE pass over D (out-of-map corners
-//     point at a zero row / a sink row), instead of one pass per corner;
-//   * backward without contention: work items are (batch, head, query chunk) and a
-//     (batch, head) slice of grad_value is owned by one item; when there are fewer
-//     (batch, head) pairs than threads, chunks > 0 accumulate into private copies that
-//     are reduced at the end. kAtomic instead parallelises over queries with atomic adds.
+//     read a zero row / write a sink row); without it, one pass per corner;
+//   * the backward's per-sample dot products reduce in registers as a tree of vector
+//     halves, not as a serial chain of scalar adds;
+//   * backward grad_value without contention: kPrivate gives each thread its own copy for
+//     a contiguous range of queries (query-major, like the forward), summed at the end;
+//     kOwner partitions work by (batch, head) so each grad_value slice has one writer;
+//     kAtomic parallelises over queries and adds atomically. With none of them set the
+//     kernel takes kPrivate while the copies stay small, else kOwner.
 //   * all offsets are int64.
-#include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -29,14 +35,20 @@ namespace {
 constexpr int64_t kFused = 1;
 constexpr int64_t kAtomic = 2;
 constexpr int64_t kPrivate = 4;
+constexpr int64_t kOwner = 8;
+constexpr int64_t kNoPrefetch = 16;
+
+// kPrivate is taken automatically while the extra grad_value copies stay under this.
+constexpr int64_t kPrivateBudgetBytes = int64_t(1) << 28;
 
 struct Dims {
   int64_t B, K, NH, D, L, Q, P;
 };
 
-// Bilinear corners of one sample. Returns false when no corner lies inside the map
-// (also for NaN/inf coordinates, which fail every comparison). x = -1 is kept: its right
-// corner has weight 0 but a gradient, exactly as in grid_sample.
+// Bilinear corners of one sample, as element offsets relative to the level's first row
+// (-1 = outside). Returns false when no corner lies inside the map (also for NaN/inf,
+// which fail every comparison). x = -1 is kept: its right corner has weight 0 but a
+// gradient, exactly as in grid_sample.
 template <typename T>
 inline bool corners(T lx, T ly, int64_t H, int64_t W, int64_t row_stride, int64_t* off,
                     T* w, T& fx, T& fy) {
@@ -63,13 +75,55 @@ inline bool corners(T lx, T ly, int64_t H, int64_t W, int64_t row_stride, int64_
   return true;
 }
 
+// The planned samples of one output row (b, q, h): absolute element offsets of the four
+// corner rows (shared by value and grad_value), bilinear weights and fractions.
+template <typename T>
+struct RowPlan {
+  explicit RowPlan(int64_t n) : off(4 * n), w(4 * n), fx(n), fy(n), valid(n) {}
+  std::vector<int64_t> off;
+  std::vector<T> w, fx, fy;
+  std::vector<char> valid;
+};
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t D) {
+  for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
+    __builtin_prefetch(reinterpret_cast<const char*>(row) + byte, 0, 3);
+  }
+}
+
+template <typename T>
+void plan_row(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
+              int64_t b, int64_t bq, int64_t h, const Dims& d, int64_t D, bool prefetch,
+              RowPlan<T>& plan) {
+  const int64_t row_stride = d.NH * D;
+  const int64_t s0 = (bq * d.NH + h) * d.L * d.P;
+  for (int64_t l = 0; l < d.L; ++l) {
+    const int64_t base = ((b * d.K + starts[l]) * d.NH + h) * D;
+    for (int64_t p = 0; p < d.P; ++p) {
+      const int64_t i = l * d.P + p;
+      const T* xy = loc + 2 * (s0 + i);
+      int64_t* off = &plan.off[4 * i];
+      plan.valid[i] = corners(xy[0], xy[1], shapes[2 * l], shapes[2 * l + 1], row_stride, off,
+                              &plan.w[4 * i], plan.fx[i], plan.fy[i]);
+      if (!plan.valid[i]) continue;
+      for (int k = 0; k < 4; ++k) {
+        if (off[k] < 0) continue;
+        off[k] += base;
+        if (prefetch) prefetch_row(value + off[k], D);
+      }
+    }
+  }
+}
+
 template <typename T, int DC, bool FUSED>
 void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
-                  const T* attn, T* out, const Dims& d) {
+                  const T* attn, T* out, const Dims& d, bool prefetch) {
   const int64_t D = DC > 0 ? DC : d.D;
-  const int64_t row_stride = d.NH * D;
-  const int64_t grain = std::max<int64_t>(1, 256 / (d.NH * d.L * d.P));
+  const int64_t n = d.L * d.P;
+  const int64_t grain = std::max<int64_t>(1, 256 / (d.NH * n));
   at::parallel_for(0, d.B * d.Q, grain, [&](int64_t begin, int64_t end) {
+    RowPlan<T> plan(n);
     std::vector<T> zeros(D, T(0));
     std::vector<T> acc_dyn(DC > 0 ? 0 : D);
     alignas(64) T acc_fix[DC > 0 ? DC : 1];
@@ -77,35 +131,31 @@ void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, 
     for (int64_t bq = begin; bq < end; ++bq) {
       const int64_t b = bq / d.Q;
       for (int64_t h = 0; h < d.NH; ++h) {
+        plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, plan);
+        const T* a_row = attn + (bq * d.NH + h) * n;
         for (int64_t c = 0; c < D; ++c) acc[c] = T(0);
-        const int64_t s0 = (bq * d.NH + h) * d.L * d.P;
-        for (int64_t l = 0; l < d.L; ++l) {
-          const int64_t H = shapes[2 * l], W = shapes[2 * l + 1];
-          const T* vbase = value + ((b * d.K + starts[l]) * d.NH + h) * D;
-          for (int64_t p = 0; p < d.P; ++p) {
-            const int64_t s = s0 + l * d.P + p;
-            int64_t off[4];
-            T w[4], fx, fy;
-            if (!corners(loc[2 * s], loc[2 * s + 1], H, W, row_stride, off, w, fx, fy)) continue;
-            const T a = attn[s];
-            if (FUSED) {
-              const T* v0 = off[0] >= 0 ? vbase + off[0] : zeros.data();
-              const T* v1 = off[1] >= 0 ? vbase + off[1] : zeros.data();
-              const T* v2 = off[2] >= 0 ? vbase + off[2] : zeros.data();
-              const T* v3 = off[3] >= 0 ? vbase + off[3] : zeros.data();
-              const T w0 = a * w[0], w1 = a * w[1], w2 = a * w[2], w3 = a * w[3];
+        for (int64_t i = 0; i < n; ++i) {
+          if (!plan.valid[i]) continue;
+          const int64_t* off = &plan.off[4 * i];
+          const T* w = &plan.w[4 * i];
+          const T a = a_row[i];
+          if (FUSED) {
+            const T* v0 = off[0] >= 0 ? value + off[0] : zeros.data();
+            const T* v1 = off[1] >= 0 ? value + off[1] : zeros.data();
+            const T* v2 = off[2] >= 0 ? value + off[2] : zeros.data();
+            const T* v3 = off[3] >= 0 ? value + off[3] : zeros.data();
+            const T w0 = a * w[0], w1 = a * w[1], w2 = a * w[2], w3 = a * w[3];
 #pragma omp simd
-              for (int64_t c = 0; c < D; ++c) {
-                acc[c] += w0 * v0[c] + w1 * v1[c] + w2 * v2[c] + w3 * v3[c];
-              }
-            } else {
-              for (int k = 0; k < 4; ++k) {
-                if (off[k] < 0) continue;
-                const T wk = a * w[k];
-                const T* v = vbase + off[k];
+            for (int64_t c = 0; c < D; ++c) {
+              acc[c] += w0 * v0[c] + w1 * v1[c] + w2 * v2[c] + w3 * v3[c];
+            }
+          } else {
+            for (int k = 0; k < 4; ++k) {
+              if (off[k] < 0) continue;
+              const T wk = a * w[k];
+              const T* v = value + off[k];
 #pragma omp simd
-                for (int64_t c = 0; c < D; ++c) acc[c] += wk * v[c];
-              }
+              for (int64_t c = 0; c < D; ++c) acc[c] += wk * v[c];
             }
           }
         }
@@ -116,9 +166,83 @@ void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, 
   });
 }
 
+// 64-byte vectors (GCC/Clang vector extensions, lowered to AVX-512, AVX2 or NEON) for the
+// backward's per-sample dot products, whose horizontal sums reduce in registers as a tree.
+template <typename T, int BYTES>
+struct VecOf {
+  typedef T type __attribute__((vector_size(BYTES)));
+};
+template <typename T, int BYTES = 64>
+using Vec = typename VecOf<T, BYTES>::type;
+
+template <typename T, int BYTES = 64>
+inline Vec<T, BYTES> load(const T* p) {
+  Vec<T, BYTES> v;
+  std::memcpy(&v, p, BYTES);
+  return v;
+}
+
+template <typename T, int BYTES = 64>
+inline void store(T* p, Vec<T, BYTES> v) {
+  std::memcpy(p, &v, BYTES);
+}
+
+template <typename T, int BYTES = 64>
+inline T hsum(Vec<T, BYTES> v) {
+  if constexpr (BYTES == 2 * sizeof(T)) {
+    return v[0] + v[1];
+  } else {
+    Vec<T, BYTES / 2> lo, hi;
+    std::memcpy(&lo, &v, BYTES / 2);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + BYTES / 2, BYTES / 2);
+    return hsum<T, BYTES / 2>(lo + hi);
+  }
+}
+
 template <typename T>
-inline void add_row(T* dst, const T* g, T w, int64_t D, bool atomic) {
-  if (atomic) {
+constexpr int64_t kLanes = 64 / static_cast<int64_t>(sizeof(T));
+
+// dot(g, v_k) for the four corners and gv_k += w_k * g, in one pass over D.
+template <typename T, int DC>
+inline void fused_corner_grads(const T* g, const T* const* v, T* const* gv, const T* wk,
+                               int64_t Dd, T* dots) {
+  const int64_t D = DC > 0 ? DC : Dd;
+  constexpr int64_t VL = kLanes<T>;
+  Vec<T> p[4] = {};
+  int64_t c = 0;
+  for (; c + VL <= D; c += VL) {
+    const Vec<T> gc = load<T>(g + c);
+    for (int k = 0; k < 4; ++k) {
+      p[k] += gc * load<T>(v[k] + c);
+      store<T>(gv[k] + c, load<T>(gv[k] + c) + wk[k] * gc);
+    }
+  }
+  T tail[4] = {0, 0, 0, 0};
+  for (; c < D; ++c) {
+    for (int k = 0; k < 4; ++k) {
+      tail[k] += g[c] * v[k][c];
+      gv[k][c] += wk[k] * g[c];
+    }
+  }
+  for (int k = 0; k < 4; ++k) dots[k] = hsum<T>(p[k]) + tail[k];
+}
+
+template <typename T, int DC>
+inline T dot_row(const T* g, const T* v, int64_t Dd) {
+  const int64_t D = DC > 0 ? DC : Dd;
+  constexpr int64_t VL = kLanes<T>;
+  Vec<T> p = {};
+  int64_t c = 0;
+  for (; c + VL <= D; c += VL) p += load<T>(g + c) * load<T>(v + c);
+  T tail = 0;
+  for (; c < D; ++c) tail += g[c] * v[c];
+  return hsum<T>(p) + tail;
+}
+
+template <typename T, int DC, bool ATOMIC>
+inline void add_row(T* dst, const T* g, T w, int64_t Dd) {
+  const int64_t D = DC > 0 ? DC : Dd;
+  if (ATOMIC) {
     for (int64_t c = 0; c < D; ++c) {
 #pragma omp atomic
       dst[c] += w * g[c];
@@ -129,162 +253,148 @@ inline void add_row(T* dst, const T* g, T w, int64_t D, bool atomic) {
   }
 }
 
-// Gradients of one (b, q, h) output row over all its levels and points.
+// Per-thread buffers of the backward.
+template <typename T>
+struct BackwardScratch {
+  BackwardScratch(int64_t n, int64_t D) : plan(n), zeros(D, T(0)), sink(D, T(0)), g(D) {}
+  RowPlan<T> plan;
+  std::vector<T> zeros, sink, g;
+};
+
+// Gradients of one output row (b, q, h) over all its levels and points.
 template <typename T, int DC, bool FUSED, bool ATOMIC>
 inline void backward_row(const T* value, const int64_t* shapes, const int64_t* starts,
-                         const T* loc, const T* attn, const T* g, T* gvalue, T* gloc, T* gattn,
-                         int64_t b, int64_t bq, int64_t h, const Dims& d, const T* zeros,
-                         T* sink) {
+                         const T* loc, const T* attn, const T* gout, T* gvalue, T* gloc,
+                         T* gattn, int64_t b, int64_t bq, int64_t h, const Dims& d,
+                         bool prefetch, BackwardScratch<T>& scratch) {
   const int64_t D = DC > 0 ? DC : d.D;
-  const int64_t row_stride = d.NH * D;
-  const int64_t s0 = (bq * d.NH + h) * d.L * d.P;
-  for (int64_t l = 0; l < d.L; ++l) {
-    const int64_t H = shapes[2 * l], W = shapes[2 * l + 1];
-    const int64_t base = ((b * d.K + starts[l]) * d.NH + h) * D;
-    const T* vbase = value + base;
-    T* gbase = gvalue + base;
-    for (int64_t p = 0; p < d.P; ++p) {
-      const int64_t s = s0 + l * d.P + p;
-      int64_t off[4];
-      T w[4], fx, fy;
-      if (!corners(loc[2 * s], loc[2 * s + 1], H, W, row_stride, off, w, fx, fy)) {
-        gattn[s] = T(0);
-        gloc[2 * s] = T(0);
-        gloc[2 * s + 1] = T(0);
-        continue;
-      }
-      const T a = attn[s];
-      T dot0 = 0, dot1 = 0, dot2 = 0, dot3 = 0;
-      if (FUSED && !ATOMIC) {
-        const T* v0 = off[0] >= 0 ? vbase + off[0] : zeros;
-        const T* v1 = off[1] >= 0 ? vbase + off[1] : zeros;
-        const T* v2 = off[2] >= 0 ? vbase + off[2] : zeros;
-        const T* v3 = off[3] >= 0 ? vbase + off[3] : zeros;
-        T* g0 = off[0] >= 0 ? gbase + off[0] : sink;
-        T* g1 = off[1] >= 0 ? gbase + off[1] : sink;
-        T* g2 = off[2] >= 0 ? gbase + off[2] : sink;
-        T* g3 = off[3] >= 0 ? gbase + off[3] : sink;
-        const T w0 = a * w[0], w1 = a * w[1], w2 = a * w[2], w3 = a * w[3];
-#pragma omp simd reduction(+ : dot0, dot1, dot2, dot3)
-        for (int64_t c = 0; c < D; ++c) {
-          const T gc = g[c];
-          dot0 += gc * v0[c];
-          dot1 += gc * v1[c];
-          dot2 += gc * v2[c];
-          dot3 += gc * v3[c];
-          g0[c] += w0 * gc;
-          g1[c] += w1 * gc;
-          g2[c] += w2 * gc;
-          g3[c] += w3 * gc;
-        }
-      } else {
-        T dots[4] = {0, 0, 0, 0};
-        for (int k = 0; k < 4; ++k) {
-          if (off[k] < 0) continue;
-          const T* v = vbase + off[k];
-          T dk = 0;
-#pragma omp simd reduction(+ : dk)
-          for (int64_t c = 0; c < D; ++c) dk += g[c] * v[c];
-          dots[k] = dk;
-          add_row(gbase + off[k], g, a * w[k], D, ATOMIC);
-        }
-        dot0 = dots[0];
-        dot1 = dots[1];
-        dot2 = dots[2];
-        dot3 = dots[3];
-      }
-      gattn[s] = w[0] * dot0 + w[1] * dot1 + w[2] * dot2 + w[3] * dot3;
-      const T gx = (T(1) - fy) * (dot1 - dot0) + fy * (dot3 - dot2);
-      const T gy = (T(1) - fx) * (dot2 - dot0) + fx * (dot3 - dot1);
-      gloc[2 * s] = a * gx * static_cast<T>(W);
-      gloc[2 * s + 1] = a * gy * static_cast<T>(H);
+  const int64_t n = d.L * d.P;
+  RowPlan<T>& plan = scratch.plan;
+  plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, plan);
+  const int64_t row = bq * d.NH + h;
+  T* g = scratch.g.data();
+  std::copy(gout + row * D, gout + (row + 1) * D, g);
+  const T* a_row = attn + row * n;
+  T* ga_row = gattn + row * n;
+  T* gl_row = gloc + 2 * row * n;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!plan.valid[i]) {
+      ga_row[i] = T(0);
+      gl_row[2 * i] = T(0);
+      gl_row[2 * i + 1] = T(0);
+      continue;
     }
+    const int64_t* off = &plan.off[4 * i];
+    const T* w = &plan.w[4 * i];
+    const T a = a_row[i];
+    T dots[4] = {0, 0, 0, 0};
+    if (FUSED && !ATOMIC) {
+      const T* v[4];
+      T* gv[4];
+      T wa[4];
+      for (int k = 0; k < 4; ++k) {
+        v[k] = off[k] >= 0 ? value + off[k] : scratch.zeros.data();
+        gv[k] = off[k] >= 0 ? gvalue + off[k] : scratch.sink.data();
+        wa[k] = a * w[k];
+      }
+      fused_corner_grads<T, DC>(g, v, gv, wa, D, dots);
+    } else {
+      for (int k = 0; k < 4; ++k) {
+        if (off[k] < 0) continue;
+        dots[k] = dot_row<T, DC>(g, value + off[k], D);
+        add_row<T, DC, ATOMIC>(gvalue + off[k], g, a * w[k], D);
+      }
+    }
+    const int64_t l = i / d.P;
+    const T H = static_cast<T>(shapes[2 * l]), W = static_cast<T>(shapes[2 * l + 1]);
+    const T fx = plan.fx[i], fy = plan.fy[i];
+    ga_row[i] = w[0] * dots[0] + w[1] * dots[1] + w[2] * dots[2] + w[3] * dots[3];
+    const T gx = (T(1) - fy) * (dots[1] - dots[0]) + fy * (dots[3] - dots[2]);
+    const T gy = (T(1) - fx) * (dots[2] - dots[0]) + fx * (dots[3] - dots[1]);
+    gl_row[2 * i] = a * gx * W;
+    gl_row[2 * i + 1] = a * gy * H;
   }
 }
 
-template <typename T, int DC, bool FUSED, bool ATOMIC, bool PRIVATE>
+template <typename T>
+void add_copies(T* dst, const std::vector<T>& copies, int64_t count, int64_t numel) {
+  if (count == 0) return;
+  at::parallel_for(0, numel, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t k = 0; k < count; ++k) {
+      const T* src = copies.data() + k * numel;
+#pragma omp simd
+      for (int64_t i = begin; i < end; ++i) dst[i] += src[i];
+    }
+  });
+}
+
+template <typename T, int DC, bool FUSED>
 void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
-                   const T* attn, const T* gout, T* gvalue, T* gloc, T* gattn, const Dims& d) {
+                   const T* attn, const T* gout, T* gvalue, T* gloc, T* gattn, const Dims& d,
+                   int64_t variant) {
   const int64_t D = DC > 0 ? DC : d.D;
-  if (ATOMIC) {
-    const int64_t grain = std::max<int64_t>(1, 256 / (d.NH * d.L * d.P));
+  const int64_t n = d.L * d.P;
+  const bool prefetch = !(variant & kNoPrefetch);
+  const int64_t numel = d.B * d.K * d.NH * D;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), d.B * d.Q));
+  int64_t strategy = variant & (kAtomic | kPrivate | kOwner);
+  if (strategy == 0) {
+    const int64_t extra = (threads - 1) * numel * static_cast<int64_t>(sizeof(T));
+    strategy = extra <= kPrivateBudgetBytes ? kPrivate : kOwner;
+  }
+  if (strategy & kAtomic) {
+    const int64_t grain = std::max<int64_t>(1, 256 / (d.NH * n));
     at::parallel_for(0, d.B * d.Q, grain, [&](int64_t begin, int64_t end) {
-      std::vector<T> zeros(D, T(0)), sink(D, T(0));
+      BackwardScratch<T> scratch(n, D);
       for (int64_t bq = begin; bq < end; ++bq) {
-        const int64_t b = bq / d.Q;
         for (int64_t h = 0; h < d.NH; ++h) {
-          backward_row<T, DC, FUSED, true>(value, shapes, starts, loc, attn,
-                                           gout + (bq * d.NH + h) * D, gvalue, gloc, gattn, b,
-                                           bq, h, d, zeros.data(), sink.data());
+          backward_row<T, DC, FUSED, true>(value, shapes, starts, loc, attn, gout, gvalue, gloc,
+                                           gattn, bq / d.Q, bq, h, d, prefetch, scratch);
         }
       }
     });
     return;
   }
-  const int64_t numel_all = d.B * d.K * d.NH * D;
-  if (PRIVATE) {
-    // Query-major like the forward (all heads of a pixel row together, good locality);
-    // each of T contiguous query ranges accumulates into its own copy, reduced below.
-    const int64_t T_ = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), d.B * d.Q));
-    std::vector<T> priv(static_cast<size_t>((T_ - 1) * numel_all), T(0));
-    at::parallel_for(0, T_, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> zeros(D, T(0)), sink(D, T(0));
+  if (strategy & kPrivate) {
+    // Copy t accumulates the grad_value of the t-th contiguous range of queries.
+    std::vector<T> copies(static_cast<size_t>((threads - 1) * numel), T(0));
+    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+      BackwardScratch<T> scratch(n, D);
       for (int64_t t = begin; t < end; ++t) {
-        T* target = t == 0 ? gvalue : priv.data() + (t - 1) * numel_all;
-        const int64_t r0 = d.B * d.Q * t / T_, r1 = d.B * d.Q * (t + 1) / T_;
+        T* target = t == 0 ? gvalue : copies.data() + (t - 1) * numel;
+        const int64_t r0 = d.B * d.Q * t / threads, r1 = d.B * d.Q * (t + 1) / threads;
         for (int64_t bq = r0; bq < r1; ++bq) {
-          const int64_t b = bq / d.Q;
           for (int64_t h = 0; h < d.NH; ++h) {
-            backward_row<T, DC, FUSED, false>(value, shapes, starts, loc, attn,
-                                              gout + (bq * d.NH + h) * D, target, gloc, gattn,
-                                              b, bq, h, d, zeros.data(), sink.data());
+            backward_row<T, DC, FUSED, false>(value, shapes, starts, loc, attn, gout, target,
+                                              gloc, gattn, bq / d.Q, bq, h, d, prefetch,
+                                              scratch);
           }
         }
       }
     });
-    if (T_ > 1) {
-      at::parallel_for(0, numel_all, 4096, [&](int64_t begin, int64_t end) {
-        for (int64_t k = 1; k < T_; ++k) {
-          const T* src = priv.data() + (k - 1) * numel_all;
-#pragma omp simd
-          for (int64_t i = begin; i < end; ++i) gvalue[i] += src[i];
-        }
-      });
-    }
+    add_copies(gvalue, copies, threads - 1, numel);
     return;
   }
-  // Ownership partition: item = (chunk, b, h); chunk 0 writes grad_value itself, the
-  // other chunks write private copies reduced below.
+  // Ownership: item = (chunk, b, h). With fewer (b, h) pairs than threads the queries are
+  // split into chunks; chunk 0 writes grad_value, the others private copies.
   const int64_t pairs = d.B * d.NH;
-  const int64_t threads = at::get_num_threads();
   const int64_t chunks = std::min<int64_t>({(threads + pairs - 1) / pairs, d.Q, 8});
-  const int64_t numel = d.B * d.K * d.NH * D;
-  std::vector<T> partial(static_cast<size_t>((chunks - 1) * numel), T(0));
+  std::vector<T> copies(static_cast<size_t>((chunks - 1) * numel), T(0));
   at::parallel_for(0, chunks * pairs, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> zeros(D, T(0)), sink(D, T(0));
+    BackwardScratch<T> scratch(n, D);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t chunk = item / pairs;
       const int64_t b = (item % pairs) / d.NH;
       const int64_t h = item % d.NH;
-      T* target = chunk == 0 ? gvalue : partial.data() + (chunk - 1) * numel;
+      T* target = chunk == 0 ? gvalue : copies.data() + (chunk - 1) * numel;
       const int64_t q0 = d.Q * chunk / chunks, q1 = d.Q * (chunk + 1) / chunks;
       for (int64_t q = q0; q < q1; ++q) {
-        const int64_t bq = b * d.Q + q;
-        backward_row<T, DC, FUSED, false>(value, shapes, starts, loc, attn,
-                                          gout + (bq * d.NH + h) * D, target, gloc, gattn, b,
-                                          bq, h, d, zeros.data(), sink.data());
+        backward_row<T, DC, FUSED, false>(value, shapes, starts, loc, attn, gout, target, gloc,
+                                          gattn, b, b * d.Q + q, h, d, prefetch, scratch);
       }
     }
   });
-  if (chunks > 1) {
-    at::parallel_for(0, numel, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t k = 1; k < chunks; ++k) {
-        const T* src = partial.data() + (k - 1) * numel;
-#pragma omp simd
-        for (int64_t i = begin; i < end; ++i) gvalue[i] += src[i];
-      }
-    });
-  }
+  add_copies(gvalue, copies, chunks - 1, numel);
 }
 
 struct Prepared {
@@ -308,7 +418,8 @@ Prepared prepare(const at::Tensor& value, const at::Tensor& spatial_shapes,
   r.d = Dims{value.size(0), value.size(1), value.size(2), value.size(3),
              spatial_shapes.size(0), sampling_locations.size(1), sampling_locations.size(4)};
   const Dims& d = r.d;
-  TORCH_CHECK(r.shapes.dim() == 2 && r.shapes.size(1) == 2, "spatial_shapes: expected (num_levels, 2)");
+  TORCH_CHECK(r.shapes.dim() == 2 && r.shapes.size(1) == 2,
+              "spatial_shapes: expected (num_levels, 2)");
   TORCH_CHECK(r.starts.numel() == d.L, "level_start_index: expected (num_levels,)");
   TORCH_CHECK(sampling_locations.size(0) == d.B && sampling_locations.size(2) == d.NH &&
                   sampling_locations.size(3) == d.L && sampling_locations.size(5) == 2,
@@ -327,8 +438,9 @@ Prepared prepare(const at::Tensor& value, const at::Tensor& spatial_shapes,
   return r;
 }
 
-#define NPUDET_DISPATCH_D(D, DC, ...)      \
-  switch (D) {                             \
+// Compile-time head_dim for the common sizes, a runtime loop otherwise.
+#define NPUDET_DISPATCH_D(D, DC, ...)                 \
+  switch (D) {                                        \
     case 16: { constexpr int DC = 16; __VA_ARGS__(); break; } \
     case 32: { constexpr int DC = 32; __VA_ARGS__(); break; } \
     case 64: { constexpr int DC = 64; __VA_ARGS__(); break; } \
@@ -343,6 +455,7 @@ at::Tensor msda_forward(const at::Tensor& value, const at::Tensor& spatial_shape
   const Dims& d = r.d;
   at::Tensor out = at::empty({d.B, d.Q, d.NH * d.D}, r.value.options());
   const bool fused = variant & kFused;
+  const bool prefetch = !(variant & kNoPrefetch);
   AT_DISPATCH_FLOATING_TYPES(r.value.scalar_type(), "msda_cpu_forward", [&] {
     const auto* v = r.value.data_ptr<scalar_t>();
     const auto* sh = r.shapes.data_ptr<int64_t>();
@@ -351,8 +464,8 @@ at::Tensor msda_forward(const at::Tensor& value, const at::Tensor& spatial_shape
     const auto* aw = r.attn.data_ptr<scalar_t>();
     auto* o = out.data_ptr<scalar_t>();
     NPUDET_DISPATCH_D(d.D, DC, [&] {
-      if (fused) forward_impl<scalar_t, DC, true>(v, sh, st, lc, aw, o, d);
-      else forward_impl<scalar_t, DC, false>(v, sh, st, lc, aw, o, d);
+      if (fused) forward_impl<scalar_t, DC, true>(v, sh, st, lc, aw, o, d, prefetch);
+      else forward_impl<scalar_t, DC, false>(v, sh, st, lc, aw, o, d, prefetch);
     });
   });
   return out;
@@ -373,8 +486,6 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
   at::Tensor gloc = at::empty_like(r.loc);
   at::Tensor gattn = at::empty_like(r.attn);
   const bool fused = variant & kFused;
-  const bool atomic = variant & kAtomic;
-  const bool priv = variant & kPrivate;
   AT_DISPATCH_FLOATING_TYPES(r.value.scalar_type(), "msda_cpu_backward", [&] {
     const auto* v = r.value.data_ptr<scalar_t>();
     const auto* sh = r.shapes.data_ptr<int64_t>();
@@ -386,16 +497,8 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
     auto* gl = gloc.data_ptr<scalar_t>();
     auto* ga = gattn.data_ptr<scalar_t>();
     NPUDET_DISPATCH_D(d.D, DC, [&] {
-      if (atomic) {
-        if (fused) backward_impl<scalar_t, DC, true, true, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
-        else backward_impl<scalar_t, DC, false, true, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
-      } else if (priv) {
-        if (fused) backward_impl<scalar_t, DC, true, false, true>(v, sh, st, lc, aw, go, gv, gl, ga, d);
-        else backward_impl<scalar_t, DC, false, false, true>(v, sh, st, lc, aw, go, gv, gl, ga, d);
-      } else {
-        if (fused) backward_impl<scalar_t, DC, true, false, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
-        else backward_impl<scalar_t, DC, false, false, false>(v, sh, st, lc, aw, go, gv, gl, ga, d);
-      }
+      if (fused) backward_impl<scalar_t, DC, true>(v, sh, st, lc, aw, go, gv, gl, ga, d, variant);
+      else backward_impl<scalar_t, DC, false>(v, sh, st, lc, aw, go, gv, gl, ga, d, variant);
     });
   });
   return {gvalue, gloc, gattn};

@@ -112,4 +112,3 @@ def make_inputs(
         loc.to(device=device, dtype=dtype),
         attn.to(device=device, dtype=dtype),
     )
-

@@ -1,9 +1,11 @@
 """``cpu``: the fused C++/OpenMP kernel (``ops/cpu/msda_cpu.cpp``) as torch custom ops.
 
 Variants expose the kernel's design choices so the benchmark can price each one:
-``cpu`` (fused 4-corner pass, contention-free backward by (batch, head) ownership),
-``cpu_atomic`` (backward parallel over queries with atomic adds into grad_value) and
-``cpu_corner`` (one pass over the channels per corner instead of one for all four).
+``cpu`` (fused 4-corner pass, prefetched corner rows, contention-free backward: private
+per-thread grad_value copies while they are small, else (batch, head) ownership),
+``cpu_atomic`` (backward parallel over queries with atomic adds into grad_value),
+``cpu_owner`` (always the (batch, head) ownership partition), ``cpu_corner`` (one pass
+over the channels per corner instead of one for all four) and ``cpu_noprefetch``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ import torch
 from .native_build import load_extension
 from .registry import MSDAImpl, register
 
+# Variant bits, as in ops/cpu/msda_cpu.cpp.
 FUSED = 1
 ATOMIC = 2
+PRIVATE = 4
+OWNER = 8
+NO_PREFETCH = 16
 
 
 def _ext():
@@ -71,8 +77,15 @@ def msda_cpu_backward(
 
 
 @msda_cpu_backward.register_fake
-def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-      attention_weights, variant):
+def _(
+    grad_output,
+    value,
+    spatial_shapes,
+    level_start_index,
+    sampling_locations,
+    attention_weights,
+    variant,
+):
     return (
         torch.empty_like(value),
         torch.empty_like(sampling_locations),
@@ -81,7 +94,9 @@ def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, variant = inputs
+    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, variant = (
+        inputs
+    )
     ctx.save_for_backward(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights
     )
@@ -110,7 +125,9 @@ class CPUImpl(MSDAImpl):
         ext = load_extension("npudet_msda_cpu", ["cpu/msda_cpu.cpp"])
         return [ext] if isinstance(ext, str) else []
 
-    def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    def forward(
+        self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    ):
         dtype = value.dtype
         compute = dtype if dtype in (torch.float32, torch.float64) else torch.float32
         out = msda_cpu_forward(
@@ -129,10 +146,20 @@ class CPUAtomicImpl(CPUImpl):
     VARIANT = FUSED | ATOMIC
 
 
+class CPUOwnerImpl(CPUImpl):
+    NAME = "cpu_owner"
+    VARIANT = FUSED | OWNER
+
+
 class CPUCornerImpl(CPUImpl):
     NAME = "cpu_corner"
     VARIANT = 0
 
 
-for _impl in (CPUImpl(), CPUAtomicImpl(), CPUCornerImpl()):
+class CPUNoPrefetchImpl(CPUImpl):
+    NAME = "cpu_noprefetch"
+    VARIANT = FUSED | NO_PREFETCH
+
+
+for _impl in (CPUImpl(), CPUAtomicImpl(), CPUOwnerImpl(), CPUCornerImpl(), CPUNoPrefetchImpl()):
     register(_impl)

@@ -97,7 +97,9 @@ class GatherImpl(MSDAImpl):
     DEVICES = ("cpu", "cuda", "npu", "xpu", "meta")
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-    def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    def forward(
+        self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    ):
         return msda_gather(
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights
         )

@@ -29,11 +29,15 @@ def msda_grid_sample(
     sampled = []
     for level, (h, w) in enumerate(shapes):
         # (bs, h*w, heads, D) -> (bs*heads, D, h, w)
-        value_l = value_list[level].flatten(2).transpose(1, 2).reshape(bs * num_heads, head_dim, h, w)
+        value_l = (
+            value_list[level].flatten(2).transpose(1, 2).reshape(bs * num_heads, head_dim, h, w)
+        )
         # (bs, q, heads, points, 2) -> (bs*heads, q, points, 2)
         grid_l = sampling_grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
         sampled.append(
-            F.grid_sample(value_l, grid_l, mode="bilinear", padding_mode="zeros", align_corners=False)
+            F.grid_sample(
+                value_l, grid_l, mode="bilinear", padding_mode="zeros", align_corners=False
+            )
         )
     # (bs, q, heads, levels, points) -> (bs*heads, 1, q, levels*points)
     weights = attention_weights.transpose(1, 2).reshape(
@@ -50,7 +54,9 @@ class GridSampleImpl(MSDAImpl):
     DEVICES = ("cpu", "cuda", "npu", "xpu", "mps", "meta")
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-    def forward(self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    def forward(
+        self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    ):
         return msda_grid_sample(
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights
         )

@@ -95,7 +95,9 @@ def validate_inputs(
             attention_weights,
         )
     if tuple(level_start_index.shape) != (num_levels,):
-        raise _shape_error("level_start_index", f"({num_levels},) = (num_levels,)", level_start_index)
+        raise _shape_error(
+            "level_start_index", f"({num_levels},) = (num_levels,)", level_start_index
+        )
     for name in ("value", "sampling_locations", "attention_weights"):
         if args[name].dtype not in _FLOAT_DTYPES:
             raise TypeError(f"{name}: expected a floating dtype, got {args[name].dtype}")
@@ -129,9 +131,7 @@ def validate_inputs(
         num_levels=num_levels,
         num_queries=num_queries,
         num_points=num_points,
-        requires_grad=any(
-            t.requires_grad for t in (value, sampling_locations, attention_weights)
-        ),
+        requires_grad=any(t.requires_grad for t in (value, sampling_locations, attention_weights)),
     )
 
 

@@ -81,7 +81,9 @@ def load_extension(name: str, relative_sources: List[str]) -> Union[ModuleType, 
             verbose=False,
         )
     except Exception as exc:  # a compiler error, a missing header: fall back, say why
-        reason = f"building {name} failed: {str(exc).strip().splitlines()[-1][:300]}"
+        lines = str(exc).strip().splitlines()
+        errors = [line for line in lines if "error" in line.lower()] or lines[-1:]
+        reason = f"building {name} failed: {errors[0].strip()[:300]}"
         warnings.warn(f"npudet: {reason}; MSDA falls back to other implementations", stacklevel=2)
         _loaded[name] = reason
         return reason
