@@ -27,7 +27,8 @@ def bilinear_corners(
     """Rows and weights of the 4 bilinear corners of every sample.
 
     Returns:
-        rows: (bs, q, heads, levels * points * 4) int64 row of ``value.reshape(-1, D)``.
+        rows: (bs, q, heads, levels * points * 4) row of ``value.reshape(-1, D)``, int32
+            when every row fits, else int64.
         weights: same shape, attention * bilinear weight, 0 for corners outside the map.
     """
     bs, num_queries, num_heads, num_levels, num_points, _ = sampling_locations.shape
@@ -56,10 +57,13 @@ def bilinear_corners(
     h_l = height.unsqueeze(-1)
     valid = (cx >= 0) & (cx <= w_l - 1) & (cy >= 0) & (cy <= h_l - 1)
     zero = torch.zeros((), dtype=coord_dtype, device=loc.device)
-    key = torch.where(valid, cy * w_l + cx, zero).long()
-    key = key + level_start_index.view(num_levels, 1, 1).long()
-    batch = torch.arange(bs, device=loc.device).view(bs, 1, 1, 1, 1, 1)
-    head = torch.arange(num_heads, device=loc.device).view(1, 1, num_heads, 1, 1, 1)
+    # int32 rows where they fit: embedding_bag's backward sorts them, ~30% faster.
+    index_dtype = torch.int32 if bs * num_keys * num_heads < 2**31 else torch.int64
+    key = torch.where(valid, cy * w_l + cx, zero).to(index_dtype)
+    key = key + level_start_index.view(num_levels, 1, 1).to(index_dtype)
+    batch = torch.arange(bs, device=loc.device, dtype=index_dtype).view(bs, 1, 1, 1, 1, 1)
+    head = torch.arange(num_heads, device=loc.device, dtype=index_dtype)
+    head = head.view(1, 1, num_heads, 1, 1, 1)
     rows = (batch * num_keys + key) * num_heads + head
     weight = attention_weights.to(coord_dtype).unsqueeze(-1) * wx * wy
     weight = torch.where(valid, weight, zero)
