@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npudet.ops import msda_impls, multi_scale_deformable_attn  # noqa: E402
+from npudet.ops.msda import get_impl, validate_inputs  # noqa: E402
 from npudet.ops.msda.cases import CASES, make_inputs, parse_case  # noqa: E402
 
 BASELINE = "grid_sample"
@@ -100,6 +101,12 @@ def peak_memory_mb(runner: Runner, device: str) -> float:
 def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict]:
     case, pattern = parse_case(spec)
     inputs = make_inputs(case, pattern, device=device)
+    info = validate_inputs(*inputs)
+    skipped = {name: get_impl(name).not_supported_reasons(info) for name in impls}
+    for name, reasons in skipped.items():
+        if reasons:
+            print(f"[benchmark] {spec}: skipping {name}: {'; '.join(reasons)}", file=sys.stderr)
+    impls = [name for name in impls if not skipped[name]]
     gen = torch.Generator().manual_seed(1)
     grad = torch.randn(
         case.batch, case.num_queries, case.num_heads * case.head_dim, generator=gen
@@ -165,7 +172,9 @@ def main(argv: List[str] | None = None) -> int:
         help="comma list of case[:pattern], pattern realistic|uniform",
     )
     parser.add_argument(
-        "--impls", default=None, help="comma list (default: every implementation usable here)"
+        "--impls",
+        default=None,
+        help="comma list (default: every implementation usable here that takes the inputs)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds per case")
