@@ -1,6 +1,12 @@
 """Multi-scale deformable attention: one function, several implementations."""
 
-from . import cpu_impl, gather_impl, grid_sample_impl  # noqa: F401  (register)
+from . import (  # noqa: F401  (register)
+    cpu_impl,
+    gather_impl,
+    grid_sample_impl,
+    npu_impl,
+    triton_impl,
+)
 from .api import multi_scale_deformable_attn
 from .inputs import MSDAInputs, validate_inputs
 from .registry import (

@@ -8,8 +8,10 @@ fits, the error lists every candidate with its reasons.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -67,6 +69,43 @@ AUTO_PRIORITY: Dict[str, List[str]] = {
 DEFAULT_PRIORITY: List[str] = ["gather", "grid_sample"]
 
 _announced: set = set()
+
+_versions: Dict[str, Optional[str]] = {}
+_assumed: Optional[Mapping[str, str]] = None
+
+
+def package_version(package: str) -> Optional[str]:
+    """``package.__version__`` ("" if it has none) when ``import package`` succeeds, else None.
+
+    Tried once per process, then cached. Inside ``assume_packages`` the answer comes from
+    the assumed mapping instead, so selection can be tested as a pure function.
+    """
+    if _assumed is not None:
+        return _assumed.get(package)
+    if package not in _versions:
+        try:
+            module = importlib.import_module(package)
+        except Exception:  # absent, or present but broken (no driver, ABI mismatch)
+            _versions[package] = None
+        else:
+            _versions[package] = str(getattr(module, "__version__", ""))
+    return _versions[package]
+
+
+def importable(package: str) -> bool:
+    """Whether ``import package`` succeeds here (see ``package_version``)."""
+    return package_version(package) is not None
+
+
+@contextlib.contextmanager
+def assume_packages(versions: Mapping[str, str]) -> Iterator[None]:
+    """Within the block exactly these packages import, at these versions; nothing is imported."""
+    global _assumed
+    previous, _assumed = _assumed, dict(versions)
+    try:
+        yield
+    finally:
+        _assumed = previous
 
 
 @torch.compiler.assume_constant_result

@@ -1,0 +1,223 @@
+"""``triton``: the Triton kernels of ``triton_kernels.py`` as torch custom ops.
+
+Runs on CUDA tensors (triton) and Ascend NPU tensors (triton-ascend). CPU tensors are
+accepted only under the Triton interpreter (``TRITON_INTERPRET=1`` set before the
+kernels are first compiled): a test path, never chosen by ``auto`` on CPU. float16 and
+bfloat16 inputs are read as they are and accumulated in float32; float64 in float64.
+``triton`` is imported only when a kernel first runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import List, Tuple
+
+import torch
+
+from .inputs import MSDAInputs
+from .registry import MSDAImpl, importable, register
+
+_KERNELS = f"{__package__}.triton_kernels"
+_TILE = 2048  # elements of a (BLOCK_Q, BLOCK_S, BLOCK_D) register tile
+_MAX_BLOCK_Q = 64
+
+
+def _interpret_requested() -> bool:
+    """Whether ``triton.jit`` would interpret a kernel decorated now."""
+    import triton
+
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+@torch.compiler.assume_constant_result
+def _cpu_reasons() -> tuple:
+    """Why CPU tensors cannot run here: they need the interpreter."""
+    kernels = sys.modules.get(_KERNELS)
+    interpreted = kernels.INTERPRETED if kernels is not None else _interpret_requested()
+    if interpreted:
+        return ()
+    if kernels is not None:
+        return (
+            "cpu tensors need the Triton interpreter, but the kernels were compiled "
+            "before TRITON_INTERPRET=1 was set",
+        )
+    return (
+        "cpu tensors run only under the Triton interpreter (set TRITON_INTERPRET=1 "
+        "before the first Triton kernel is compiled; a slow test path)",
+    )
+
+
+def _launch(value: torch.Tensor, sampling_locations: torch.Tensor):
+    """Kernels module, grid, constexpr meta-parameters and device guard for one call."""
+    import triton
+
+    from . import triton_kernels
+
+    bs, _, heads, dim = value.shape
+    num_queries, levels, points = (sampling_locations.shape[i] for i in (1, 3, 4))
+    block_d = triton.next_power_of_2(dim)
+    block_s = min(triton.next_power_of_2(levels * points), max(1, _TILE // block_d))
+    block_q = min(
+        _MAX_BLOCK_Q, max(1, _TILE // (block_s * block_d)), triton.next_power_of_2(num_queries)
+    )
+    acc = triton.language.float64 if value.dtype == torch.float64 else triton.language.float32
+    grid = (triton.cdiv(num_queries, block_q), heads, bs)
+    meta = dict(
+        NUM_HEADS=heads,
+        HEAD_DIM=dim,
+        NUM_LEVELS=levels,
+        NUM_POINTS=points,
+        BLOCK_Q=block_q,
+        BLOCK_S=block_s,
+        BLOCK_D=block_d,
+        ACC=acc,
+    )
+    device = value.device
+    guard = (
+        contextlib.nullcontext()
+        if device.type == "cpu"
+        else torch.get_device_module(device).device(device)
+    )
+    return triton_kernels, grid, meta, guard
+
+
+@torch.library.custom_op("npudet::msda_triton_forward", mutates_args=())
+def msda_triton_forward(
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+) -> torch.Tensor:
+    """value (bs, keys, heads, D) -> (bs, num_queries, heads * D), the dtype of value."""
+    value, spatial_shapes, level_start_index, sampling_locations, attention_weights = (
+        t.contiguous()
+        for t in (value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+    )
+    bs, num_keys, heads, dim = value.shape
+    num_queries = sampling_locations.shape[1]
+    out = value.new_empty((bs, num_queries, heads * dim))
+    kernels, grid, meta, guard = _launch(value, sampling_locations)
+    with guard:
+        kernels.msda_fwd_kernel[grid](
+            value,
+            spatial_shapes,
+            level_start_index,
+            sampling_locations,
+            attention_weights,
+            out,
+            num_keys,
+            num_queries,
+            **meta,
+        )
+    return out
+
+
+@msda_triton_forward.register_fake
+def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    bs, _, heads, dim = value.shape
+    return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
+
+
+@torch.library.custom_op("npudet::msda_triton_backward", mutates_args=())
+def msda_triton_backward(
+    grad_output: torch.Tensor,
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """grad_output (bs, num_queries, heads * D) -> grads of value, locations, weights."""
+    grad_output, value, spatial_shapes, level_start_index, sampling_locations, attention_weights = (
+        t.contiguous()
+        for t in (
+            grad_output,
+            value,
+            spatial_shapes,
+            level_start_index,
+            sampling_locations,
+            attention_weights,
+        )
+    )
+    acc = torch.float64 if value.dtype == torch.float64 else torch.float32
+    grad_value = torch.zeros(value.shape, dtype=acc, device=value.device)
+    grad_loc = torch.empty_like(sampling_locations)
+    grad_attn = torch.empty_like(attention_weights)
+    kernels, grid, meta, guard = _launch(value, sampling_locations)
+    with guard:
+        kernels.msda_bwd_kernel[grid](
+            grad_output,
+            value,
+            spatial_shapes,
+            level_start_index,
+            sampling_locations,
+            attention_weights,
+            grad_value,
+            grad_loc,
+            grad_attn,
+            value.shape[1],
+            sampling_locations.shape[1],
+            **meta,
+        )
+    return grad_value.to(value.dtype), grad_loc, grad_attn
+
+
+@msda_triton_backward.register_fake
+def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    return (
+        torch.empty_like(value, memory_format=torch.contiguous_format),
+        torch.empty_like(sampling_locations, memory_format=torch.contiguous_format),
+        torch.empty_like(attention_weights, memory_format=torch.contiguous_format),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, grad_output):
+    grad_value, grad_loc, grad_attn = msda_triton_backward(grad_output, *ctx.saved_tensors)
+    return grad_value, None, None, grad_loc, grad_attn
+
+
+msda_triton_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class TritonImpl(MSDAImpl):
+    """Fused Triton kernels; CUDA and Ascend (triton-ascend), CPU only when interpreted."""
+
+    NAME = "triton"
+    DEVICES = ("cuda", "npu", "cpu")
+    DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    MAX_HEAD_DIM = 1024
+
+    def unavailable_reasons(self) -> List[str]:
+        if importable("triton"):
+            return []
+        return ["triton does not import (pip install 'npudet[triton]'; triton-ascend on Ascend)"]
+
+    def not_supported_reasons(self, inputs: MSDAInputs) -> List[str]:
+        reasons = super().not_supported_reasons(inputs)
+        if reasons:
+            return reasons
+        if inputs.device_type == "cpu":
+            reasons.extend(_cpu_reasons())
+        if inputs.device_type == "npu" and inputs.dtype == torch.float64:
+            reasons.append("float64 on npu: triton-ascend has no float64 arithmetic")
+        return reasons
+
+    def forward(
+        self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    ):
+        return msda_triton_forward(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+
+
+register(TritonImpl())

@@ -1,0 +1,245 @@
+"""Triton MSDA kernels: a program owns (query block, head, batch) and all its samples.
+
+A program walks the ``levels * points`` samples of its queries in chunks of
+``BLOCK_S``: for each sample the 4 bilinear corners are computed in registers, their
+D-contiguous value rows (value layout (bs, keys, heads, D)) are fetched with masked
+gathers as one (BLOCK_Q, BLOCK_S, BLOCK_D) tile per corner, weighted and accumulated in
+``ACC`` (float32, or float64 for float64 inputs); nothing sampled is written to memory.
+Backward recomputes the corners, adds the value gradient with ``tl.atomic_add`` into an
+``ACC`` buffer and computes the location and attention-weight gradients in-program from
+dot products of the output gradient with the corner rows.
+
+Semantics are ``grid_sample(bilinear, zeros, align_corners=False)``, as in the CPU
+kernel: ``x = loc_x * W - 0.5``; a sample counts when ``-1 <= x < W`` and
+``-1 <= y < H`` (NaN/inf never do); out-of-map corners contribute zero.
+
+``triton.jit`` decides at decoration whether a kernel is compiled or interpreted
+(``TRITON_INTERPRET=1``), so that is fixed when this module is first imported:
+``INTERPRETED``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+@triton.jit
+def _samples(
+    shapes,
+    starts,
+    loc,
+    attn,
+    row,
+    h,
+    j0,
+    qmask,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_LEVELS: tl.constexpr,
+    NUM_POINTS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Geometry of samples ``j0 .. j0 + BLOCK_S`` (of levels * points) of a query block.
+
+    Returns (BLOCK_Q, BLOCK_S) tensors: the flat sample index ``s`` and its mask, the
+    offset (in elements, from this batch and head) of the (y0, x0) corner row, the masks
+    of the 4 corners (y0,x0), (y0,x1), (y1,x0), (y1,x1), fx, fy and the attention weight
+    (0 where the sample does not count); then (1, BLOCK_S): the offset from a row to the
+    one below it, H and W in ``ACC``.
+    """
+    j = j0 + tl.arange(0, BLOCK_S)
+    jmask = j < NUM_LEVELS * NUM_POINTS
+    lvl = tl.where(jmask, j // NUM_POINTS, 0)
+    H = tl.load(shapes + 2 * lvl).to(tl.int32)[None, :]
+    W = tl.load(shapes + 2 * lvl + 1).to(tl.int32)[None, :]
+    start = tl.load(starts + lvl).to(tl.int64)[None, :]
+    Hf = H.to(ACC)
+    Wf = W.to(ACC)
+    s = (row * NUM_HEADS + h)[:, None] * (NUM_LEVELS * NUM_POINTS) + j[None, :]
+    smask = qmask[:, None] & jmask[None, :]
+    x = tl.load(loc + 2 * s, mask=smask, other=0.0).to(ACC) * Wf - 0.5
+    y = tl.load(loc + 2 * s + 1, mask=smask, other=0.0).to(ACC) * Hf - 0.5
+    a = tl.load(attn + s, mask=smask, other=0.0).to(ACC)
+    inside = smask & (x >= -1.0) & (y >= -1.0) & (x < Wf) & (y < Hf)
+    # Samples that do not count (NaN/inf included) move off the map: no corner is valid.
+    x = tl.where(inside, x, -2.0)
+    y = tl.where(inside, y, -2.0)
+    a = tl.where(inside, a, 0.0)
+    xf = tl.floor(x)
+    yf = tl.floor(y)
+    x0 = xf.to(tl.int32)
+    y0 = yf.to(tl.int32)
+    # Where a sample counts, x0 is in [-1, W-1] and y0 in [-1, H-1]: one test per side.
+    x_lo = inside & (x0 >= 0)
+    x_hi = inside & (x0 + 1 < W)
+    y_lo = y0 >= 0
+    y_hi = y0 + 1 < H
+    row_stride = NUM_HEADS * HEAD_DIM
+    offs = (start + (y0 * W + x0).to(tl.int64)) * row_stride
+    down = W.to(tl.int64) * row_stride
+    return (
+        s,
+        smask,
+        offs,
+        y_lo & x_lo,
+        y_lo & x_hi,
+        y_hi & x_lo,
+        y_hi & x_hi,
+        x - xf,
+        y - yf,
+        a,
+        down,
+        Hf,
+        Wf,
+    )
+
+
+@triton.jit
+def msda_fwd_kernel(
+    value,
+    shapes,
+    starts,
+    loc,
+    attn,
+    out,
+    num_keys,
+    num_queries,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_LEVELS: tl.constexpr,
+    NUM_POINTS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """out (bs, num_queries, heads * D) of one (query block, head, batch)."""
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    qmask = q < num_queries
+    row = b * num_queries + q
+    d = tl.arange(0, BLOCK_D)
+    dmask = (d < HEAD_DIM)[None, None, :]
+    d3 = d[None, None, :]
+    base = value + (b * num_keys * NUM_HEADS + h) * HEAD_DIM
+    right = NUM_HEADS * HEAD_DIM
+    acc = tl.zeros((BLOCK_Q, BLOCK_S, BLOCK_D), dtype=ACC)
+    for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
+        s, smask, offs, m00, m01, m10, m11, fx, fy, a, down, Hf, Wf = _samples(
+            shapes,
+            starts,
+            loc,
+            attn,
+            row,
+            h,
+            j0,
+            qmask,
+            NUM_HEADS,
+            HEAD_DIM,
+            NUM_LEVELS,
+            NUM_POINTS,
+            BLOCK_S,
+            ACC,
+        )
+        gx = 1.0 - fx
+        gy = 1.0 - fy
+        p00 = base + offs[:, :, None] + d3
+        p10 = p00 + down[:, :, None]
+        v00 = tl.load(p00, mask=m00[:, :, None] & dmask, other=0.0).to(ACC)
+        v01 = tl.load(p00 + right, mask=m01[:, :, None] & dmask, other=0.0).to(ACC)
+        v10 = tl.load(p10, mask=m10[:, :, None] & dmask, other=0.0).to(ACC)
+        v11 = tl.load(p10 + right, mask=m11[:, :, None] & dmask, other=0.0).to(ACC)
+        acc += (
+            (a * gy * gx)[:, :, None] * v00
+            + (a * gy * fx)[:, :, None] * v01
+            + (a * fy * gx)[:, :, None] * v10
+            + (a * fy * fx)[:, :, None] * v11
+        )
+    o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
+    tl.store(out + o, tl.sum(acc, axis=1), mask=qmask[:, None] & (d < HEAD_DIM)[None, :])
+
+
+@triton.jit
+def msda_bwd_kernel(
+    grad_out,
+    value,
+    shapes,
+    starts,
+    loc,
+    attn,
+    grad_value,
+    grad_loc,
+    grad_attn,
+    num_keys,
+    num_queries,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_LEVELS: tl.constexpr,
+    NUM_POINTS: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """grad_value (atomic adds, ACC), grad_loc, grad_attn of one (query block, head, batch)."""
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    qmask = q < num_queries
+    row = b * num_queries + q
+    d = tl.arange(0, BLOCK_D)
+    dmask = (d < HEAD_DIM)[None, None, :]
+    d3 = d[None, None, :]
+    o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
+    g = tl.load(grad_out + o, mask=qmask[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    g = g.to(ACC)[:, None, :]
+    start_offset = (b * num_keys * NUM_HEADS + h) * HEAD_DIM
+    base = value + start_offset
+    gbase = grad_value + start_offset
+    right = NUM_HEADS * HEAD_DIM
+    for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
+        s, smask, offs, m00, m01, m10, m11, fx, fy, a, down, Hf, Wf = _samples(
+            shapes,
+            starts,
+            loc,
+            attn,
+            row,
+            h,
+            j0,
+            qmask,
+            NUM_HEADS,
+            HEAD_DIM,
+            NUM_LEVELS,
+            NUM_POINTS,
+            BLOCK_S,
+            ACC,
+        )
+        gx = 1.0 - fx
+        gy = 1.0 - fy
+        o00 = offs[:, :, None] + d3
+        o10 = o00 + down[:, :, None]
+        m00 = m00[:, :, None] & dmask
+        m01 = m01[:, :, None] & dmask
+        m10 = m10[:, :, None] & dmask
+        m11 = m11[:, :, None] & dmask
+        dot00 = tl.sum(g * tl.load(base + o00, mask=m00, other=0.0).to(ACC), axis=2)
+        dot01 = tl.sum(g * tl.load(base + o00 + right, mask=m01, other=0.0).to(ACC), axis=2)
+        dot10 = tl.sum(g * tl.load(base + o10, mask=m10, other=0.0).to(ACC), axis=2)
+        dot11 = tl.sum(g * tl.load(base + o10 + right, mask=m11, other=0.0).to(ACC), axis=2)
+        tl.atomic_add(gbase + o00, (a * gy * gx)[:, :, None] * g, mask=m00, sem="relaxed")
+        tl.atomic_add(gbase + o00 + right, (a * gy * fx)[:, :, None] * g, mask=m01, sem="relaxed")
+        tl.atomic_add(gbase + o10, (a * fy * gx)[:, :, None] * g, mask=m10, sem="relaxed")
+        tl.atomic_add(gbase + o10 + right, (a * fy * fx)[:, :, None] * g, mask=m11, sem="relaxed")
+        g_attn = gy * (gx * dot00 + fx * dot01) + fy * (gx * dot10 + fx * dot11)
+        g_x = gy * (dot01 - dot00) + fy * (dot11 - dot10)
+        g_y = gx * (dot10 - dot00) + fx * (dot11 - dot01)
+        tl.store(grad_attn + s, g_attn, mask=smask)
+        tl.store(grad_loc + 2 * s, a * g_x * Wf, mask=smask)
+        tl.store(grad_loc + 2 * s + 1, a * g_y * Hf, mask=smask)
+
+
+INTERPRETED: bool = isinstance(msda_fwd_kernel, InterpretedFunction)
