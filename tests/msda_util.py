@@ -15,7 +15,15 @@ REFERENCE = "grid_sample"
 
 
 def candidate_impls() -> list:
-    return [name for name in msda_impls() if name != REFERENCE]
+    """Usable implementations, other than the reference, that take CPU float32 inputs."""
+    from npudet.ops.msda import get_impl, validate_inputs
+
+    info = validate_inputs(*random_inputs())
+    return [
+        name
+        for name in msda_impls()
+        if name != REFERENCE and not get_impl(name).not_supported_reasons(info)
+    ]
 
 
 def level_layout(shapes: Sequence[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, int]:

@@ -106,6 +106,9 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
     for name, reasons in skipped.items():
         if reasons:
             print(f"[benchmark] {spec}: skipping {name}: {'; '.join(reasons)}", file=sys.stderr)
+    if device == "cpu" and "triton" in impls and not skipped["triton"]:
+        skipped["triton"] = ["the Triton interpreter is a test path, not a CPU kernel"]
+        print(f"[benchmark] {spec}: skipping triton: {skipped['triton'][0]}", file=sys.stderr)
     impls = [name for name in impls if not skipped[name]]
     gen = torch.Generator().manual_seed(1)
     grad = torch.randn(
