@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from . import observe
 from .inputs import validate_inputs
 from .registry import select_impl
 
@@ -43,6 +44,16 @@ def multi_scale_deformable_attn(
         check_values=not torch.compiler.is_compiling(),
     )
     chosen = select_impl(impl, inputs)
+    if observe._ACTIVE and not torch.compiler.is_compiling():
+        call = observe.MSDACall(
+            chosen.NAME,
+            value,
+            spatial_shapes,
+            level_start_index,
+            sampling_locations,
+            attention_weights,
+        )
+        return observe.run_observed(call, lambda c: chosen.forward(*c.tensors()))
     return chosen.forward(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights
     )

@@ -1,0 +1,9 @@
+"""Training hooks, registered in mmdet's ``HOOKS``.
+
+``custom_imports=dict(imports=['npudet.hooks'])`` then e.g.
+``custom_hooks=[dict(type='MSDAProfilerHook')]``.
+"""
+
+from .msda_profiler import MSDAProfilerHook
+
+__all__ = ["MSDAProfilerHook"]
