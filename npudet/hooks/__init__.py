@@ -5,5 +5,6 @@
 """
 
 from .msda_profiler import MSDAProfilerHook
+from .non_finite_loss import NonFiniteLossError, NonFiniteLossHook
 
-__all__ = ["MSDAProfilerHook"]
+__all__ = ["MSDAProfilerHook", "NonFiniteLossError", "NonFiniteLossHook"]
