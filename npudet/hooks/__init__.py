@@ -4,7 +4,16 @@
 ``custom_hooks=[dict(type='MSDAProfilerHook')]``.
 """
 
+from .msda_parity import MSDAParityError, MSDAParityHook, ParityResult, compare_call
 from .msda_profiler import MSDAProfilerHook
 from .non_finite_loss import NonFiniteLossError, NonFiniteLossHook
 
-__all__ = ["MSDAProfilerHook", "NonFiniteLossError", "NonFiniteLossHook"]
+__all__ = [
+    "MSDAParityError",
+    "MSDAParityHook",
+    "MSDAProfilerHook",
+    "ParityResult",
+    "compare_call",
+    "NonFiniteLossError",
+    "NonFiniteLossHook",
+]

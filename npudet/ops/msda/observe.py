@@ -88,6 +88,17 @@ def observing(observer: MSDAObserver) -> Iterator[MSDAObserver]:
         remove_observer(observer)
 
 
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """No observer sees the calls made within the block (e.g. an observer's own checks)."""
+    saved = list(_ACTIVE)
+    _ACTIVE.clear()
+    try:
+        yield
+    finally:
+        _ACTIVE[:] = saved
+
+
 def run_observed(call: MSDACall, run: Run) -> torch.Tensor:
     """Run ``call`` through every active observer, outermost first, then ``run``."""
     chain = run
