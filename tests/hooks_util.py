@@ -104,6 +104,8 @@ def toy_runner(
     nan_at: Sequence[int] = (),
     checkpoint_interval: Optional[int] = None,
     batch_size: int = 2,
+    clip_grad: Optional[dict] = None,
+    log_level: str = "WARNING",
 ) -> Runner:
     """An iteration-based Runner (SGD, log every iteration, local vis backend) on ToyModel."""
     torch.manual_seed(0)
@@ -125,11 +127,11 @@ def toy_runner(
             "num_workers": 0,
         },
         train_cfg={"by_epoch": False, "max_iters": max_iters},
-        optim_wrapper={"optimizer": {"type": "SGD", "lr": 0.05}},
+        optim_wrapper={"optimizer": {"type": "SGD", "lr": 0.05}, "clip_grad": clip_grad},
         default_hooks=default_hooks,
         custom_hooks=custom_hooks,
         visualizer={"type": "Visualizer", "vis_backends": [{"type": "LocalVisBackend"}]},
         default_scope="mmdet",
         env_cfg={"cudnn_benchmark": False},
-        log_level="WARNING",
+        log_level=log_level,
     )

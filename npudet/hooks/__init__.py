@@ -7,6 +7,7 @@
 from .msda_parity import MSDAParityError, MSDAParityHook, ParityResult, compare_call
 from .msda_profiler import MSDAProfilerHook
 from .non_finite_loss import NonFiniteLossError, NonFiniteLossHook
+from .npu_setup import NPUSetupHook, SetupAction, apply_device_setup, plan_device_setup
 
 __all__ = [
     "MSDAParityError",
@@ -16,4 +17,8 @@ __all__ = [
     "compare_call",
     "NonFiniteLossError",
     "NonFiniteLossHook",
+    "NPUSetupHook",
+    "SetupAction",
+    "apply_device_setup",
+    "plan_device_setup",
 ]
