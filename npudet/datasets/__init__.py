@@ -1,0 +1,6 @@
+"""Built-in data sets (no mmdet import needed to generate them)."""
+
+from .shapes import CLASSES as SHAPES_CLASSES
+from .shapes import make_shapes_dataset
+
+__all__ = ["SHAPES_CLASSES", "make_shapes_dataset"]

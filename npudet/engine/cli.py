@@ -1,0 +1,73 @@
+"""Pieces shared by ``tools/train.py`` and ``tools/test.py``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+from typing import Callable, NoReturn
+
+from mmengine.config import Config, DictAction
+
+from .preflight import PreflightError
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """``--work-dir --cfg-options --launcher --local-rank --msda-impl`` (mmdet's spelling)."""
+    parser.add_argument("--work-dir", help="the dir to save logs and models")
+    parser.add_argument(
+        "--cfg-options",
+        nargs="+",
+        action=DictAction,
+        help="override config settings, key=value (e.g. model.msda.impl=cpu)",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=["none", "pytorch", "slurm", "mpi"],
+        default="none",
+        help="job launcher",
+    )
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=0)
+    parser.add_argument(
+        "--msda-impl",
+        help="MSDA implementation for every layer: 'auto' or a name from "
+        "npudet.ops.msda_impls() (sets model.msda)",
+    )
+
+
+def fail(message: str) -> NoReturn:
+    """Print one error line and exit with status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_config(args: argparse.Namespace, default_work_root: str = "./work_dirs") -> Config:
+    """Read the config, apply ``--cfg-options`` / ``--msda-impl`` / ``--work-dir``."""
+    if "LOCAL_RANK" not in os.environ:
+        os.environ["LOCAL_RANK"] = str(args.local_rank)
+    if not os.path.isfile(args.config):
+        fail(f"config file not found: {args.config}")
+    # mmengine resolves `mmdet::` bases through pkg_resources, which warns on import.
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.msda_impl is not None:
+        cfg.model.msda = dict(impl=args.msda_impl, encoder=None, decoder=None)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get("work_dir") is None:
+        name = os.path.splitext(os.path.basename(args.config))[0]
+        cfg.work_dir = os.path.join(default_work_root, name)
+    return cfg
+
+
+def run_checks(*checks: Callable[[], None]) -> None:
+    """Run preflight checks; the first failure ends the process with one line."""
+    for check in checks:
+        try:
+            check()
+        except PreflightError as err:
+            fail(str(err))

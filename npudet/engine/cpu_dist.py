@@ -1,0 +1,31 @@
+"""Distributed training on CPU (gloo) with mmengine's launcher.
+
+mmengine 0.10.7's ``pytorch`` launcher calls ``torch.cuda.set_device`` and wraps the
+model with ``device_ids=[LOCAL_RANK]``, both of which fail without a GPU. On NPU it
+uses HCCL and on GPU NCCL by itself; on CPU we start the gloo process group first
+(mmengine then skips its own init) and ask for a CPU DDP wrapper.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from mmengine.config import Config
+from mmengine.device import get_device
+
+
+def setup_cpu_distributed(cfg: Config, launcher: str) -> bool:
+    """For ``launcher='pytorch'`` on a CPU-only machine: init gloo, CPU DDP. True if done."""
+    if launcher != "pytorch" or get_device() != "cpu":
+        return False
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo")
+    wrapper = dict(cfg.get("model_wrapper_cfg") or {})
+    wrapper.setdefault("type", "MMDistributedDataParallel")
+    wrapper.setdefault("broadcast_buffers", False)
+    wrapper.setdefault("find_unused_parameters", cfg.get("find_unused_parameters", False))
+    wrapper["device_ids"] = None
+    cfg.model_wrapper_cfg = wrapper
+    cfg.setdefault("env_cfg", {}).setdefault("dist_cfg", {})["backend"] = "gloo"
+    torch.set_num_threads(max(1, torch.get_num_threads() // dist.get_world_size()))
+    return True

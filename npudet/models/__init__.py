@@ -1,0 +1,19 @@
+"""mmdet side of npudet; importing it registers npudet's models in mmdet's registry.
+
+Use it from a config with ``custom_imports=dict(imports=['npudet.models'])``: mmdet's
+``DeformableDETR`` and ``DINO`` names then build npudet's subclasses, which accept
+``msda=dict(impl=...)``. ``import npudet`` alone stays light (no mmdet import).
+"""
+
+from .detectors import DINO, DeformableDETR, apply_msda_cfg, resolve_msda_cfg
+from .layers import MultiScaleDeformableAttention, check_impl_name, convert_msda
+
+__all__ = [
+    "DINO",
+    "DeformableDETR",
+    "MultiScaleDeformableAttention",
+    "apply_msda_cfg",
+    "check_impl_name",
+    "convert_msda",
+    "resolve_msda_cfg",
+]

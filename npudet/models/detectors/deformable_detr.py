@@ -1,0 +1,33 @@
+"""mmdet's ``DeformableDETR`` with npudet's switchable MSDA."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from mmdet.models.detectors import DeformableDETR as MMDetDeformableDETR
+from mmdet.registry import MODELS
+from torch import Tensor
+
+from .msda_config import apply_msda_cfg
+
+
+@MODELS.register_module(force=True)
+class DeformableDETR(MMDetDeformableDETR):
+    """Stock Deformable DETR whose MSDA layers run on ``npudet.ops``.
+
+    Registered under mmdet's own name, so an unchanged mmdet config picks it up once
+    ``npudet.models`` is imported. ``msda``: ``dict(impl='auto', encoder=None,
+    decoder=None)``, see :func:`resolve_msda_cfg`.
+    """
+
+    def __init__(self, *args: Any, msda: Optional[Mapping] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.msda_impls = apply_msda_cfg(self, msda)
+
+    def get_proposal_pos_embed(  # type: ignore[override]
+        self, proposals: Tensor, num_pos_feats: Optional[int] = None, temperature: int = 10000
+    ) -> Tensor:
+        """mmdet's two-stage proposal embedding, sized to ``embed_dims`` (mmdet fixes 256)."""
+        if num_pos_feats is None:
+            num_pos_feats = self.embed_dims // 2
+        return MMDetDeformableDETR.get_proposal_pos_embed(proposals, num_pos_feats, temperature)

@@ -1,0 +1,72 @@
+"""Helpers for the mmdet-plugin tests: small configs, models and fake batches."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+import torch
+from mmengine.config import Config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_DETR = os.path.join(ROOT, "configs/small/deformable-detr-refine-twostage_r18-tiny_shapes.py")
+SMALL_DINO = os.path.join(ROOT, "configs/small/dino-4scale_r18-tiny_shapes.py")
+
+
+def small_cfg(path: str = SMALL_DETR, **msda: Optional[str]) -> Config:
+    cfg = Config.fromfile(path)
+    if msda:
+        cfg.model.msda = {**dict(impl="auto", encoder=None, decoder=None), **msda}
+    return cfg
+
+
+def build_model(cfg: Config, seed: int = 0) -> torch.nn.Module:
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+
+    import npudet.models  # noqa: F401
+
+    init_default_scope("mmdet")
+    torch.manual_seed(seed)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    return model
+
+
+def fake_batch(num_classes: int = 3, seed: int = 0) -> Dict:
+    from mmdet.testing import demo_mm_inputs
+
+    torch.manual_seed(seed)
+    return demo_mm_inputs(
+        batch_size=2, image_shapes=(3, 96, 128), num_items=[2, 3], num_classes=num_classes
+    )
+
+
+def loss_and_grads(model: torch.nn.Module, batch: Dict, seed: int = 0):
+    """Total loss and {param name: grad} of one training step on ``batch``."""
+    model.train()
+    model.zero_grad()
+    torch.manual_seed(seed)
+    data = model.data_preprocessor(batch, True)
+    losses = model(**data, mode="loss")
+    total = sum(v for k, v in losses.items() if "loss" in k)
+    total.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in losses.items()}, grads
+
+
+def run_tool(
+    args: List[str], cwd: str = ROOT, env: Optional[Dict[str, str]] = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    """Run ``python tools/...`` with this interpreter; captures stdout / stderr."""
+    full_env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

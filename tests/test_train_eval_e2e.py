@@ -1,0 +1,143 @@
+"""A few iterations of tools/train.py + tools/test.py on a tiny generated shapes set."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List
+
+import pytest
+import torch
+from conftest import data_options
+from plugin_util import SMALL_DETR, run_tool
+
+from npudet.ops import msda_impls
+
+pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
+
+FAST = ["default_hooks.logger.interval=1", "log_processor.window_size=1"]
+
+
+def _train(work: str, impl: str, data: str, epochs: int, *extra: str) -> None:
+    opts = [
+        *data_options(data),
+        *FAST,
+        f"train_cfg.max_epochs={epochs}",
+        "train_cfg.val_interval=2",
+    ]
+    proc = run_tool(
+        [
+            "tools/train.py",
+            SMALL_DETR,
+            "--work-dir",
+            work,
+            "--msda-impl",
+            impl,
+            *extra,
+            "--cfg-options",
+            *opts,
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _losses(work: str) -> Dict[int, float]:
+    losses = {}
+    for run in sorted(os.listdir(work)):
+        path = os.path.join(work, run, "vis_data", "scalars.json")
+        if os.path.isfile(path):
+            for line in open(path):
+                record = json.loads(line)
+                if "loss" in record:
+                    losses[record["iter"]] = record["loss"]
+    return losses
+
+
+def _test(work: str, ckpt: str, impl: str, data: str) -> Dict[str, float]:
+    proc = run_tool(
+        [
+            "tools/test.py",
+            SMALL_DETR,
+            ckpt,
+            "--work-dir",
+            work,
+            "--msda-impl",
+            impl,
+            "--cfg-options",
+            *data_options(data),
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "AP50" in proc.stdout + proc.stderr
+    with open(os.path.join(work, "coco_bbox_test.json")) as f:
+        return json.load(f)["bbox"]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_shapes: str, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
+    root = tmp_path_factory.mktemp("runs")
+    works = {name: str(root / name) for name in ("grid_sample", "cpu", "resumed")}
+    _train(works["grid_sample"], "grid_sample", tiny_shapes, 2)
+    _train(works["cpu"], "cpu", tiny_shapes, 2)
+    _train(works["resumed"], "grid_sample", tiny_shapes, 1)
+    _train(
+        works["resumed"],
+        "grid_sample",
+        tiny_shapes,
+        2,
+        "--resume",
+        os.path.join(works["resumed"], "epoch_1.pth"),
+    )
+    return works
+
+
+EXPECTED_KEYS: List[str] = [
+    "AP",
+    "AP50",
+    "AP75",
+    "APs",
+    "APm",
+    "APl",
+    "AR@100",
+    "AR@300",
+    "AR@1000",
+    "ARs@1000",
+    "ARm@1000",
+    "ARl@1000",
+]
+
+
+@pytest.mark.parametrize("impl", ["grid_sample", "cpu"])
+def test_train_writes_checkpoint_and_coco_json(runs: Dict[str, str], impl: str) -> None:
+    work = runs[impl]
+    assert os.path.isfile(os.path.join(work, "epoch_2.pth"))
+    with open(os.path.join(work, "coco_bbox_val.json")) as f:
+        record = json.load(f)
+    assert record["mode"] == "val" and list(record["bbox"]) == EXPECTED_KEYS
+    assert all(0.0 <= v <= 1.0 for v in record["bbox"].values())
+    assert sorted(_losses(work)) == [1, 2, 3, 4]
+
+
+def test_impls_train_the_same(runs: Dict[str, str]) -> None:
+    ref, fused = _losses(runs["grid_sample"]), _losses(runs["cpu"])
+    torch.testing.assert_close(torch.tensor(fused[1]), torch.tensor(ref[1]), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        torch.tensor(list(fused.values())), torch.tensor(list(ref.values())), rtol=1e-3, atol=0
+    )
+
+
+def test_resume_continues_with_the_same_losses(runs: Dict[str, str]) -> None:
+    full, resumed = _losses(runs["grid_sample"]), _losses(runs["resumed"])
+    assert sorted(resumed) == [1, 2, 3, 4]
+    for it in (3, 4):
+        assert resumed[it] == pytest.approx(full[it], rel=1e-6), it
+
+
+def test_checkpoint_evaluates_identically_with_another_impl(
+    runs: Dict[str, str], tiny_shapes: str, tmp_path
+) -> None:
+    ckpt = os.path.join(runs["grid_sample"], "epoch_2.pth")
+    with_ref = _test(str(tmp_path / "gs"), ckpt, "grid_sample", tiny_shapes)
+    with_cpu = _test(str(tmp_path / "cpu"), ckpt, "cpu", tiny_shapes)
+    assert list(with_ref) == EXPECTED_KEYS
+    assert with_cpu == with_ref

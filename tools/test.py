@@ -1,0 +1,81 @@
+"""Evaluate a checkpoint (mmdet's tools/test.py, plus npudet's MSDA switch and checks).
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--msda-impl grid_sample]
+        [--out results.pkl] [--show-dir DIR] [--cfg-options k=v ...] [--launcher pytorch]
+
+The 12 COCO box numbers are printed as a table and written to
+``WORK_DIR/coco_bbox_test.json`` (by ``CocoSummaryHook``, added if the config lacks it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+import npudet.engine  # noqa: F401  (hooks, checkpoint loading)
+import npudet.models  # noqa: F401  (DeformableDETR / DINO on npudet's MSDA)
+from npudet.engine.cli import add_common_args, fail, load_config, run_checks
+from npudet.engine.cpu_dist import setup_cpu_distributed
+from npudet.engine.preflight import check_checkpoint, check_data, check_msda
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Evaluate a detector checkpoint")
+    parser.add_argument("config", help="test config file path")
+    parser.add_argument("checkpoint", help="checkpoint file")
+    parser.add_argument("--out", help="dump predictions to this pickle file (.pkl)")
+    parser.add_argument("--show", action="store_true", help="show predictions in a window")
+    parser.add_argument("--show-dir", help="save drawn predictions under WORK_DIR/TIMESTAMP/")
+    parser.add_argument("--wait-time", type=float, default=2, help="--show interval (s)")
+    add_common_args(parser)
+    return parser.parse_args()
+
+
+def _enable_visualization(cfg, args: argparse.Namespace) -> None:
+    hook = cfg.default_hooks.get("visualization")
+    if hook is None:
+        fail("--show/--show-dir: the config has no default_hooks.visualization")
+    hook["draw"] = True
+    if args.show:
+        hook["show"] = True
+        hook["wait_time"] = args.wait_time
+    if args.show_dir:
+        hook["test_out_dir"] = args.show_dir
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = load_config(args)
+    cfg.load_from = args.checkpoint
+    if args.show or args.show_dir:
+        _enable_visualization(cfg, args)
+    if args.out is not None and not args.out.endswith((".pkl", ".pickle")):
+        fail(f"--out: expected a .pkl or .pickle file, got {args.out}")
+    hooks = cfg.get("custom_hooks") or []
+    for name in ("EvalProgressHook", "CocoSummaryHook"):
+        if not any(h.get("type") == name for h in hooks):
+            hooks.append(dict(type=name))
+    cfg.custom_hooks = hooks
+
+    run_checks(
+        lambda: check_msda(cfg),
+        lambda: check_data(cfg, ["test"]),
+        lambda: check_checkpoint(cfg, args.checkpoint, "checkpoint", strict=True),
+    )
+
+    setup_cpu_distributed(cfg, args.launcher)
+    runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+    if args.out is not None:
+        from mmdet.evaluation import DumpDetResults
+
+        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
+    runner.test()
+    if args.out is not None:
+        print(f"predictions written to {os.path.abspath(args.out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Train a detector (mmdet's tools/train.py, plus npudet's MSDA switch and input checks).
+
+python tools/train.py CONFIG [--work-dir DIR] [--msda-impl cpu] [--resume [CKPT]]
+    [--amp] [--auto-scale-lr] [--cfg-options k=v ...] [--launcher pytorch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner, find_latest_checkpoint
+
+import npudet.engine  # noqa: F401  (hooks, checkpoint loading)
+import npudet.models  # noqa: F401  (DeformableDETR / DINO on npudet's MSDA)
+from npudet.engine.cli import add_common_args, fail, load_config, run_checks
+from npudet.engine.cpu_dist import setup_cpu_distributed
+from npudet.engine.preflight import check_checkpoint, check_data, check_msda
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Train a detector")
+    parser.add_argument("config", help="train config file path")
+    parser.add_argument("--amp", action="store_true", help="automatic mixed precision")
+    parser.add_argument("--auto-scale-lr", action="store_true", help="scale LR by batch size")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        type=str,
+        const="auto",
+        help="resume from this checkpoint, or (no value) from the latest in the work dir",
+    )
+    add_common_args(parser)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    cfg = load_config(args)
+    if args.amp:
+        cfg.optim_wrapper.type = "AmpOptimWrapper"
+        cfg.optim_wrapper.loss_scale = "dynamic"
+    if args.auto_scale_lr:
+        if "base_batch_size" not in cfg.get("auto_scale_lr", {}):
+            fail("--auto-scale-lr: the config has no auto_scale_lr.base_batch_size")
+        cfg.auto_scale_lr.enable = True
+    if args.resume == "auto":
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+
+    checks = [lambda: check_msda(cfg), lambda: check_data(cfg, ["train", "val"])]
+    resume_from = cfg.load_from
+    if cfg.get("resume") and resume_from is None and os.path.isdir(cfg.work_dir):
+        resume_from = find_latest_checkpoint(cfg.work_dir)
+    if resume_from:
+        key = "--resume" if cfg.get("resume") else "load_from"
+        checks.append(
+            lambda: check_checkpoint(cfg, resume_from, key, strict=bool(cfg.get("resume")))
+        )
+    run_checks(*checks)
+
+    setup_cpu_distributed(cfg, args.launcher)
+    runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == "__main__":
+    main()
