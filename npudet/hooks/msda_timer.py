@@ -28,43 +28,49 @@ def synchronize(device: torch.device) -> None:
 
 
 class _Pending:
-    """Backward marks of one call: start time and the input gradients still due."""
+    """Backward marks of one call: the time the output's gradient arrived."""
 
-    def __init__(self, timer: MSDATimer, device: torch.device, count: int) -> None:
-        self.timer, self.device, self.count = timer, device, count
+    def __init__(self, timer: MSDATimer, device: torch.device) -> None:
+        self.timer, self.device = timer, device
         self.start: Optional[float] = None
 
     def mark_start(self) -> None:
         self.start = self.timer.now(self.device)
 
-    def mark_input_done(self) -> None:
-        self.count -= 1
-        if self.count == 0 and self.start is not None:
+    def mark_end(self) -> None:
+        if self.start is not None:
             self.timer.backward_s += self.timer.now(self.device) - self.start
 
 
 class _OnOutputGrad(torch.autograd.Function):
+    """Identity; its backward runs when the op's output gradient has arrived."""
+
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, pending: _Pending) -> torch.Tensor:
         ctx.pending = pending
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], None]:
         ctx.pending.mark_start()
         return grad, None
 
 
-class _OnInputGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, pending: _Pending) -> torch.Tensor:
-        ctx.pending = pending
-        return x.view_as(x)
+class _OnInputGrads(torch.autograd.Function):
+    """Identity on the three differentiable inputs; its backward runs once all their
+    gradients have been produced."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[torch.Tensor, None]:
-        ctx.pending.mark_input_done()
-        return grad, None
+    def forward(ctx: Any, pending: _Pending, *inputs: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        ctx.pending = pending
+        outs = tuple(t.view_as(t) for t in inputs)
+        ctx.mark_non_differentiable(*(o for o, t in zip(outs, inputs) if not t.requires_grad))
+        return outs
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
+        ctx.pending.mark_end()
+        return (None, *grads)
 
 
 class MSDATimer(MSDAObserver):
@@ -88,15 +94,12 @@ class MSDATimer(MSDAObserver):
 
     def around(self, call: MSDACall, run: Run) -> torch.Tensor:
         device = call.value.device
-        needs_grad = [
-            name
-            for name in _GRAD_INPUTS
-            if torch.is_grad_enabled() and getattr(call, name).requires_grad
-        ]
-        pending = _Pending(self, device, len(needs_grad))
+        inputs = [getattr(call, name) for name in _GRAD_INPUTS]
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        pending = _Pending(self, device)
         if needs_grad:
             call = call.with_inputs(
-                **{name: _OnInputGrad.apply(getattr(call, name), pending) for name in needs_grad}
+                **dict(zip(_GRAD_INPUTS, _OnInputGrads.apply(pending, *inputs)))
             )
         start = self.now(device)
         out = run(call)
