@@ -7,7 +7,9 @@ inputs, and both VJPs are taken with the same fixed random cotangent, so no trai
 graph is kept. Errors, per output and per gradient (value, sampling_locations,
 attention_weights): ``abs`` = max |live - ref|, ``rel`` = abs / max |ref| (scale-free).
 A call whose ``rel`` exceeds ``rel_threshold`` (or ``abs`` exceeds ``abs_threshold``) is
-reported naming the layer; ``action='stop'`` raises ``MSDAParityError``.
+reported naming the layer; ``action='stop'`` raises ``MSDAParityError``. With
+``MSDAProfilerHook`` also on, the input copies of a check iteration count as MSDA forward
+time of that iteration; the recomputation is not timed (it runs after the profiler).
 """
 
 from __future__ import annotations
