@@ -6,7 +6,7 @@ import torch
 from msda_util import random_inputs
 
 from npudet.ops import multi_scale_deformable_attn
-from npudet.ops.msda import observe
+from npudet.ops.msda import observe, select_impl, validate_inputs
 from npudet.ops.msda.observe import MSDAObserver, observing, suspended
 
 
@@ -38,6 +38,4 @@ def test_auto_reports_the_chosen_implementation():
     log = []
     with observing(_Log("only", log)):
         multi_scale_deformable_attn(*random_inputs())
-    from npudet.ops.msda import select_impl, validate_inputs
-
     assert log[0][1] == select_impl("auto", validate_inputs(*random_inputs())).NAME
