@@ -20,5 +20,5 @@ def test_main_job_reaches_ap50(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[main_job] bbox AP50 =" in proc.stdout
-    with open(work / "coco_bbox_test.json") as f:
+    with open(work / "coco_bbox_val.json") as f:
         assert json.load(f)["bbox"]["AP50"] >= 0.5

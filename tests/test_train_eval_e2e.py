@@ -7,7 +7,6 @@ import os
 from typing import Dict, List
 
 import pytest
-import torch
 from conftest import data_options
 from plugin_util import SMALL_DETR, run_tool
 
@@ -23,7 +22,8 @@ def _train(work: str, impl: str, data: str, epochs: int, *extra: str) -> None:
         *data_options(data),
         *FAST,
         f"train_cfg.max_epochs={epochs}",
-        "train_cfg.val_interval=2",
+        f"train_cfg.val_interval={epochs}",
+        "default_hooks.checkpoint.max_keep_ckpts=-1",
     ]
     proc = run_tool(
         [
@@ -75,18 +75,18 @@ def _test(work: str, ckpt: str, impl: str, data: str) -> Dict[str, float]:
 
 @pytest.fixture(scope="module")
 def runs(tiny_shapes: str, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
+    """grid_sample for 2 epochs (2 iterations each); cpu for 1; a resume of the first."""
     root = tmp_path_factory.mktemp("runs")
     works = {name: str(root / name) for name in ("grid_sample", "cpu", "resumed")}
     _train(works["grid_sample"], "grid_sample", tiny_shapes, 2)
-    _train(works["cpu"], "cpu", tiny_shapes, 2)
-    _train(works["resumed"], "grid_sample", tiny_shapes, 1)
+    _train(works["cpu"], "cpu", tiny_shapes, 1)
     _train(
         works["resumed"],
         "grid_sample",
         tiny_shapes,
         2,
         "--resume",
-        os.path.join(works["resumed"], "epoch_1.pth"),
+        os.path.join(works["grid_sample"], "epoch_1.pth"),
     )
     return works
 
@@ -109,26 +109,24 @@ EXPECTED_KEYS: List[str] = [
 
 @pytest.mark.parametrize("impl", ["grid_sample", "cpu"])
 def test_train_writes_checkpoint_and_coco_json(runs: Dict[str, str], impl: str) -> None:
-    work = runs[impl]
-    assert os.path.isfile(os.path.join(work, "epoch_2.pth"))
+    work, epochs = runs[impl], 2 if impl == "grid_sample" else 1
+    assert os.path.isfile(os.path.join(work, f"epoch_{epochs}.pth"))
     with open(os.path.join(work, "coco_bbox_val.json")) as f:
         record = json.load(f)
     assert record["mode"] == "val" and list(record["bbox"]) == EXPECTED_KEYS
     assert all(0.0 <= v <= 1.0 for v in record["bbox"].values())
-    assert sorted(_losses(work)) == [1, 2, 3, 4]
+    assert sorted(_losses(work)) == list(range(1, 2 * epochs + 1))
 
 
 def test_impls_train_the_same(runs: Dict[str, str]) -> None:
     ref, fused = _losses(runs["grid_sample"]), _losses(runs["cpu"])
-    torch.testing.assert_close(torch.tensor(fused[1]), torch.tensor(ref[1]), rtol=1e-5, atol=0)
-    torch.testing.assert_close(
-        torch.tensor(list(fused.values())), torch.tensor(list(ref.values())), rtol=1e-3, atol=0
-    )
+    assert fused[1] == pytest.approx(ref[1], rel=1e-5)
+    assert fused[2] == pytest.approx(ref[2], rel=1e-3)
 
 
 def test_resume_continues_with_the_same_losses(runs: Dict[str, str]) -> None:
     full, resumed = _losses(runs["grid_sample"]), _losses(runs["resumed"])
-    assert sorted(resumed) == [1, 2, 3, 4]
+    assert sorted(resumed) == [3, 4]
     for it in (3, 4):
         assert resumed[it] == pytest.approx(full[it], rel=1e-6), it
 
