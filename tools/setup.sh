@@ -52,7 +52,10 @@ fi
 
 echo "[setup] installing npudet and its dependencies"
 extras="dev,triton"
-pip install -q -c "$constraints" -e ".[$extras]"
+# mmengine 0.10.7 imports pkg_resources, which setuptools >= 81 no longer ships;
+# torch 2.13 asks for setuptools >= 77.0.3.
+echo "setuptools>=77.0.3,<81" >> "$constraints"
+pip install -q -c "$constraints" -e ".[$extras]" "setuptools>=77.0.3,<81"
 
 rm -f "$venv"/.npudet-setup-*
 touch "$stamp"
