@@ -48,7 +48,9 @@ def test_two_cpu_processes(tiny_shapes: str, tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     logs = [p for p in work.glob("*/*.log")]
     text = logs[0].read_text()
-    assert "Distributed launcher: pytorch" in text and "World size: 2" in text
+    assert "Distributed launcher: pytorch" in text and "Distributed training: True" in text
+    assert "GPU number: 2" in text  # mmengine's name for the world size
+    assert "type='MMDistributedDataParallel'" in text
     # 8 images / (2 processes x batch 2) = 2 iterations per epoch.
     assert "Epoch(train) [2][2/2]" in text
     assert (work / "epoch_2.pth").is_file() and (work / "coco_bbox_val.json").is_file()

@@ -6,6 +6,7 @@ key; the tools print it and exit without creating or touching the work dir.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -143,7 +144,7 @@ def check_checkpoint(cfg: Config, path: str, key: str, strict: bool) -> None:
 
     ckpt = _load_state_dict(path, key)
     init_default_scope(cfg.get("default_scope", "mmdet"))
-    model = MODELS.build(cfg.model).state_dict()
+    model = MODELS.build(copy.deepcopy(cfg.model)).state_dict()  # build mutates its cfg
     missing, unexpected, mismatched = compare_state_dicts(model, ckpt)
     matched = len(model) - len(missing) - len(mismatched)
     if (strict and (missing or unexpected or mismatched)) or matched < len(model) / 2:
