@@ -25,8 +25,13 @@ OWNER = 8
 NO_PREFETCH = 16
 
 
+def _load():
+    """The built extension module, or why it is unavailable (a string)."""
+    return load_extension("npudet_msda_cpu", ["cpu/msda_cpu.cpp"])
+
+
 def _ext():
-    ext = load_extension("npudet_msda_cpu", ["cpu/msda_cpu.cpp"])
+    ext = _load()
     if isinstance(ext, str):
         raise RuntimeError(f"npudet cpu MSDA kernel unavailable: {ext}")
     return ext
@@ -122,7 +127,7 @@ class CPUImpl(MSDAImpl):
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
     def unavailable_reasons(self) -> List[str]:
-        ext = load_extension("npudet_msda_cpu", ["cpu/msda_cpu.cpp"])
+        ext = _load()
         return [ext] if isinstance(ext, str) else []
 
     def forward(
