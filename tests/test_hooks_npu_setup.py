@@ -11,7 +11,7 @@ from hooks_util import toy_runner
 from mmengine.optim import OptimWrapper
 
 import npudet.hooks  # noqa: F401  (register)
-from npudet.hooks import apply_device_setup, plan_device_setup
+from npudet.hooks import apply_device_setup, launch_env_setup, plan_device_setup
 from npudet.hooks.npu_setup import KINDS
 from npudet.utils.device import current_device_type
 
@@ -76,6 +76,18 @@ def test_hccl_timeout_for_several_ranks():
     assert late.kind == "note" and "before launching" in late.reason
     preset = plan_device_setup("npu", {"HCCL_CONNECT_TIMEOUT": "600"}, NPU_PACKAGES, world_size=8)
     assert "HCCL_CONNECT_TIMEOUT" not in [a.target for a in preset]
+
+
+def test_launch_env_setup_sets_hccl_before_the_runner():
+    env = {"WORLD_SIZE": "4"}
+    actions = launch_env_setup("npu", env)
+    assert [a.target for a in actions] == ["HCCL_CONNECT_TIMEOUT"]
+    assert env["HCCL_CONNECT_TIMEOUT"] == "1200"
+    # Already set (by the user or the first call): left alone, nothing more to do.
+    env["HCCL_CONNECT_TIMEOUT"] = "600"
+    assert launch_env_setup("npu", env) == [] and env["HCCL_CONNECT_TIMEOUT"] == "600"
+    assert launch_env_setup("npu", {"WORLD_SIZE": "1"}) == []
+    assert launch_env_setup("cpu", {"WORLD_SIZE": "4"}) == []
 
 
 def test_missing_vendor_library_is_noted():

@@ -17,6 +17,7 @@ import npudet.models  # noqa: F401  (DeformableDETR / DINO on npudet's MSDA)
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
 from npudet.engine.cpu_dist import setup_cpu_distributed
 from npudet.engine.preflight import check_checkpoint, check_data, check_msda
+from npudet.hooks import launch_env_setup
 
 
 def parse_args() -> argparse.Namespace:
@@ -63,6 +64,8 @@ def main() -> None:
         )
     run_checks(*checks)
 
+    for action in launch_env_setup():
+        print(f"[npudet] set {action.target}={action.value} ({action.reason})")
     setup_cpu_distributed(cfg, args.launcher)
     runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
     runner.train()

@@ -7,7 +7,13 @@
 from .msda_parity import MSDAParityError, MSDAParityHook, ParityResult, compare_call
 from .msda_profiler import MSDAProfilerHook
 from .non_finite_loss import NonFiniteLossError, NonFiniteLossHook
-from .npu_setup import NPUSetupHook, SetupAction, apply_device_setup, plan_device_setup
+from .npu_setup import (
+    NPUSetupHook,
+    SetupAction,
+    apply_device_setup,
+    launch_env_setup,
+    plan_device_setup,
+)
 
 __all__ = [
     "MSDAParityError",
@@ -20,5 +26,6 @@ __all__ = [
     "NPUSetupHook",
     "SetupAction",
     "apply_device_setup",
+    "launch_env_setup",
     "plan_device_setup",
 ]

@@ -15,7 +15,8 @@ Actions on NPU:
   internal format`` on NPU; the per-tensor loop does not. Only when clipping by norm.
 - ``HCCL_CONNECT_TIMEOUT=1200`` with more than one rank: the first step compiles kernels,
   and ranks that finish early time out at the 120 s default. Set only if not already set,
-  and only before the process group exists (else it is reported: export it at launch).
+  and only before the process group exists: ``launch_env_setup`` does it from
+  ``tools/train.py`` before the Runner; the hook reports it if it is still missing.
 - a note when ``mx_driving`` is missing: the ``npu_vendor`` MSDA is then unavailable.
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional
+from typing import Any, List, Mapping, MutableMapping, Optional
 
 import torch
 from mmdet.registry import HOOKS
@@ -133,6 +134,25 @@ def apply_device_setup(actions: List[SetupAction], optim_wrapper: Any = None) ->
                     wrapper.clip_grad_kwargs["foreach"] = action.value
         elif action.kind == "env":
             os.environ.setdefault(action.target, str(action.value))
+
+
+def launch_env_setup(
+    device_type: Optional[str] = None, env: Optional[MutableMapping[str, str]] = None
+) -> List[SetupAction]:
+    """Apply the environment actions of the plan to ``env`` (default ``os.environ``) now.
+
+    For launch scripts: call it before the Runner is built (``tools/train.py`` does), as
+    mmengine creates the process group in the Runner's constructor and HCCL reads its
+    variables then; the hook's ``before_run`` is too late for them. The number of ranks
+    comes from ``WORLD_SIZE`` (set by torchrun / mmengine's launchers).
+    """
+    env = os.environ if env is None else env
+    world_size = int(env.get("WORLD_SIZE") or 1)
+    plan = plan_device_setup(device_type or current_device_type(), env, {}, world_size=world_size)
+    actions = [action for action in plan if action.kind == "env"]
+    for action in actions:
+        env.setdefault(action.target, str(action.value))
+    return actions
 
 
 def _wrappers(optim_wrapper: Any) -> List[Any]:

@@ -1,4 +1,4 @@
-"""Which accelerator this machine has, and the process-wide settings NPU training needs.
+"""Which accelerator this machine has.
 
 ``torch_npu`` is imported only when asked about, through the op registry's package probe
 (``npudet.ops.msda.registry.importable``), so tests can state which packages import.
@@ -6,10 +6,8 @@
 
 from __future__ import annotations
 
-import os
 import platform
-from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
@@ -49,44 +47,3 @@ def device_name(device_type: Optional[str] = None) -> str:
     if device_type == "mps":
         return "Apple MPS"
     return platform.processor() or platform.machine() or "cpu"
-
-
-@dataclass(frozen=True)
-class NPUSetting:
-    """One process-wide NPU setting: what is set, to which value, why, and whether it was."""
-
-    name: str
-    value: object
-    reason: str
-    applied: bool
-
-
-def npu_training_settings(apply: bool = True) -> List[NPUSetting]:
-    """The NPU settings npudet trains with; applied when ``apply`` and an NPU is available.
-
-    Returns every setting with ``applied`` telling whether it was set in this call, so a
-    caller can log what it would do on a machine without an NPU.
-    """
-    # mmengine's rule (mmengine.device): any non-empty NPUJITCompile turns JIT on.
-    jit_compile = bool(os.getenv("NPUJITCompile", ""))
-    planned = [
-        (
-            "torch_npu.npu.set_compile_mode(jit_compile)",
-            jit_compile,
-            "binary kernels instead of compiling each new shape (NPUJITCompile=1 to JIT), "
-            "the rule mmengine applies",
-        ),
-        (
-            "torch_npu.npu.config.allow_internal_format",
-            False,
-            "private tensor formats make clip_grad_norm_ fail (_foreach_norm ... internal "
-            "format); the DETR configs clip gradients",
-        ),
-    ]
-    do_apply = apply and npu_available()
-    if do_apply:
-        import torch_npu
-
-        torch_npu.npu.set_compile_mode(jit_compile=jit_compile)
-        torch_npu.npu.config.allow_internal_format = False
-    return [NPUSetting(name, value, reason, do_apply) for name, value, reason in planned]

@@ -1,0 +1,54 @@
+"""What an ablation compares: MSDA implementations for the encoder and the decoder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One ablation run: the MSDA implementation of the encoder and of the decoder."""
+
+    encoder: str
+    decoder: str
+
+    @property
+    def label(self) -> str:
+        """``cpu`` when both parts agree, ``cpu/grid_sample`` (encoder/decoder) otherwise."""
+        return self.encoder if self.encoder == self.decoder else f"{self.encoder}/{self.decoder}"
+
+    @property
+    def dirname(self) -> str:
+        """A file-system friendly form of :attr:`label`."""
+        return self.label.replace("/", "__")
+
+    def msda_cfg(self) -> Dict[str, str]:
+        """The ``model.msda`` config value that selects this variant."""
+        return dict(impl=self.encoder, encoder=self.encoder, decoder=self.decoder)
+
+
+def parse_variants(spec: str, key: str = "--impls") -> List[Variant]:
+    """``"grid_sample,cpu,cpu/grid_sample"`` -> variants, in order.
+
+    Each comma-separated item is an implementation name used everywhere, or
+    ``ENCODER/DECODER`` to choose the two parts separately (per-layer ablation). Names
+    are checked against the usable implementations; duplicates and empty items raise
+    ``ValueError`` naming ``key``.
+    """
+    from npudet.models.layers import check_impl_name
+
+    variants: List[Variant] = []
+    for item in spec.split(","):
+        item = item.strip()
+        parts = item.split("/")
+        if not item or len(parts) > 2 or not all(parts):
+            raise ValueError(
+                f"{key}: expected NAME or ENCODER/DECODER items separated by commas, got {item!r}"
+            )
+        names = [check_impl_name(name, f"{key} item {item!r}") for name in parts]
+        variant = Variant(names[0], names[-1])
+        if variant in variants:
+            raise ValueError(f"{key}: {variant.label!r} is listed twice")
+        variants.append(variant)
+    return variants

@@ -1,0 +1,129 @@
+"""One ablation run in its own process: train a config for N iterations and record it.
+
+``python -m npudet.ablation.worker SPEC_JSON`` reads a spec written by
+``tools/ablate.py``::
+
+    {"config": path, "cfg_options": {...} | null, "msda": {...}, "iters": N,
+     "work_dir": dir, "load_from": init weights path, "seed": 0, "threads": 2}
+
+trains with validation and checkpoints off, MSDA profiled per iteration, and writes
+``WORK_DIR/record.json``: ``{"msda_impls", "loss": [N], "iter_ms": [N], "msda_fwd_ms":
+[N], "msda_bwd_ms": [N], "msda_calls", "peak_mem_mb", "device", "threads", "torch"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import warnings
+from typing import Any, Dict, List, Optional
+
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+# Hooks that would distort the timing (they rerun MSDA) or duplicate the worker's own.
+_DROPPED_HOOKS = {"MSDAProfilerHook", "MSDAParityHook"}
+
+
+class LossRecorderHook(Hook):
+    """Keeps the total training loss of every iteration."""
+
+    priority = "LOW"
+
+    def __init__(self) -> None:
+        self.losses: List[float] = []
+
+    def after_train_iter(
+        self,
+        runner: Any,
+        batch_idx: int,
+        data_batch: Optional[Any] = None,
+        outputs: Optional[dict] = None,
+    ) -> None:
+        self.losses.append(float((outputs or {})["loss"]))
+
+
+def ablation_config(spec: Dict[str, Any]) -> Config:
+    """The spec's config, set up for a short, timed, validation-free training run."""
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+    cfg = Config.fromfile(spec["config"])
+    if spec.get("cfg_options"):
+        cfg.merge_from_dict(spec["cfg_options"])
+    cfg.model.msda = dict(spec["msda"])
+    cfg.work_dir = spec["work_dir"]
+    cfg.load_from = spec.get("load_from")
+    cfg.resume = False
+    cfg.randomness = dict(seed=spec.get("seed", 0), deterministic=False)
+    iters = int(spec["iters"])
+    cfg.train_cfg = dict(type="IterBasedTrainLoop", max_iters=iters, val_interval=iters + 1)
+    for key in ("val_dataloader", "val_cfg", "val_evaluator"):
+        cfg[key] = None
+    for key in ("test_dataloader", "test_cfg", "test_evaluator"):
+        cfg[key] = None
+    cfg.default_hooks = dict(cfg.get("default_hooks") or {})
+    cfg.default_hooks["checkpoint"] = None
+    cfg.default_hooks["logger"] = dict(type="LoggerHook", interval=1)
+    cfg.custom_hooks = [
+        hook for hook in cfg.get("custom_hooks", []) if hook.get("type") not in _DROPPED_HOOKS
+    ] + [dict(type="MSDAProfilerHook", warmup_iters=0)]
+    return cfg
+
+
+def _peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    if device.type == "npu":
+        return torch.npu.max_memory_allocated(device) / 2**20  # type: ignore[attr-defined]
+    # Peak resident set size of this process (Linux reports KiB).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Train as ``spec`` says and return (and write) the record."""
+    import npudet.engine  # noqa: F401  (checkpoint loading)
+    import npudet.hooks  # noqa: F401  (MSDAProfilerHook)
+    import npudet.models  # noqa: F401
+    from npudet.hooks import MSDAProfilerHook
+
+    torch.set_num_threads(int(spec["threads"]))
+    cfg = ablation_config(spec)
+    runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+    recorder = LossRecorderHook()
+    runner.register_hook(recorder)
+    profiler = next(h for h in runner.hooks if isinstance(h, MSDAProfilerHook))
+    runner.train()
+
+    model = runner.model.module if hasattr(runner.model, "module") else runner.model
+    device = next(model.parameters()).device
+    record = {
+        "msda_impls": getattr(model, "msda_impls", None),
+        "loss": recorder.losses,
+        "iter_ms": [r["iter_ms"] for r in profiler.records],
+        "msda_fwd_ms": [r["fwd_ms"] for r in profiler.records],
+        "msda_bwd_ms": [r["bwd_ms"] for r in profiler.records],
+        "msda_calls": profiler.records[-1]["calls"] if profiler.records else 0,
+        "peak_mem_mb": _peak_mem_mb(device),
+        "device": device.type,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    with open(os.path.join(spec["work_dir"], "record.json"), "w") as f:
+        json.dump(record, f, indent=1)
+    return record
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.exit("usage: python -m npudet.ablation.worker SPEC_JSON")
+    with open(args[0]) as f:
+        run(json.load(f))
+
+
+if __name__ == "__main__":
+    main()

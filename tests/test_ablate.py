@@ -1,0 +1,103 @@
+"""tools/ablate.py: two implementations x 3 iterations of the small Deformable DETR, all
+outputs written; and the table arithmetic on hand-made records."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from plugin_util import SMALL_DETR, run_tool
+
+from npudet.ablation.report import markdown_table, summarise
+from npudet.ablation.variants import Variant, parse_variants
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_ablate_two_impls_three_iters(tiny_shapes, tmp_path):
+    work = tmp_path / "ablate"
+    proc = run_tool(
+        [
+            "tools/ablate.py",
+            SMALL_DETR,
+            "--impls",
+            "grid_sample,cpu",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--work-dir",
+            str(work),
+            "--cfg-options",
+            f"train_dataloader.dataset.data_root={tiny_shapes}/",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name in ("ablation.md", "ablation.csv", "loss_curves.png", "iter_time_split.png"):
+        assert (work / name).is_file(), name
+    for name in ("loss_curves.png", "iter_time_split.png"):
+        assert (work / name).read_bytes()[:8] == PNG_MAGIC
+
+    with open(work / "ablation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["variant"] for r in rows] == ["grid_sample", "cpu"]
+    assert float(rows[0]["speedup"]) == 1.0 and float(rows[0]["max_loss_dev"]) == 0.0
+    for row in rows:
+        assert float(row["iter_ms"]) > 0 and float(row["peak_mem_mb"]) > 0
+        assert float(row["msda_fwd_ms"]) > 0 and float(row["msda_bwd_ms"]) > 0
+        assert 0 < float(row["msda_share"]) < 100
+    # Same seed, same initial weights, same data: the curves differ by fp32 round-off only.
+    assert float(rows[1]["max_rel_loss_dev"]) < 1e-4
+
+    records = {}
+    for impl in ("grid_sample", "cpu"):
+        with open(work / impl / "round0" / "record.json") as f:
+            records[impl] = json.load(f)
+        assert records[impl]["msda_impls"] == {"encoder": impl, "decoder": impl}
+        assert len(records[impl]["loss"]) == len(records[impl]["iter_ms"]) == 3
+        assert records[impl]["msda_calls"] == 6  # 3 encoder + 3 decoder layers
+    first = [records[impl]["loss"][0] for impl in records]
+    assert first[0] == pytest.approx(first[1], rel=1e-5)
+    assert "| grid_sample |" in proc.stdout and "| cpu |" in proc.stdout
+
+
+def test_ablate_bad_impls_one_line(tmp_path):
+    proc = run_tool(
+        ["tools/ablate.py", SMALL_DETR, "--impls", "cpu,nope", "--work-dir", str(tmp_path / "w")]
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --impls item 'nope'")
+    assert not (tmp_path / "w").exists()
+
+
+def test_parse_variants_per_layer():
+    variants = parse_variants("grid_sample,cpu/grid_sample")
+    assert variants == [Variant("grid_sample", "grid_sample"), Variant("cpu", "grid_sample")]
+    assert variants[1].label == "cpu/grid_sample" and variants[1].dirname == "cpu__grid_sample"
+    assert variants[1].msda_cfg() == dict(impl="cpu", encoder="cpu", decoder="grid_sample")
+    for bad in ("cpu,cpu", "cpu/", "a/b/c", ""):
+        with pytest.raises(ValueError, match="--impls"):
+            parse_variants(bad)
+
+
+def _record(loss, iter_ms, fwd, bwd):
+    return dict(loss=loss, iter_ms=iter_ms, msda_fwd_ms=fwd, msda_bwd_ms=bwd, peak_mem_mb=100.0)
+
+
+def test_summarise_medians_speedup_and_deviation():
+    runs = {
+        "grid_sample": [_record([3.0, 2.0, 1.0], [999, 200, 220], [50, 60, 70], [50, 40, 40])],
+        "cpu": [_record([3.0, 2.5, 1.0], [999, 100, 120], [5, 5, 5], [5, 5, 5])],
+    }
+    parts = {k: {"encoder": k, "decoder": k} for k in runs}
+    base, cpu = summarise(runs, parts, warmup=1)
+    assert base.iter_ms == 210 and cpu.iter_ms == 110  # medians without the warm-up iter
+    assert cpu.speedup == pytest.approx(210 / 110)
+    assert base.msda_fwd_ms == 65 and base.msda_bwd_ms == 40
+    # Shares per iteration: 100/200 = 50 %, 110/220 = 50 %.
+    assert base.msda_share == pytest.approx(50.0)
+    assert cpu.max_loss_dev == pytest.approx(0.5) and cpu.max_rel_loss_dev == pytest.approx(0.25)
+    assert cpu.final_loss == 1.0
+    table = markdown_table([base, cpu])
+    assert table.count("\n") == 4 and "| cpu | cpu | cpu | 110.0 | 1.91x |" in table

@@ -1,0 +1,172 @@
+"""Train one config with several MSDA implementations side by side and compare them.
+
+python tools/ablate.py CONFIG --impls grid_sample,gather,cpu[,ENC/DEC] --iters N
+    [--work-dir DIR] [--threads 2] [--rounds 1] [--warmup 2] [--seed 0]
+    [--cfg-options k=v ...]
+
+Every variant trains from the same seed and the same initial weights (built once,
+saved as ``init_weights.pth``) for N iterations, each in its own process, with
+validation and checkpoints off and MSDA profiled per iteration. ``ENC/DEC`` picks the
+encoder's and the decoder's implementation separately. With ``--rounds R`` the
+variants run R times, interleaved, and the times pool all rounds. The work dir gets
+``ablation.md``, ``ablation.csv``, ``loss_curves.png``, ``iter_time_split.png`` and one
+folder per run; the markdown table is also printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List
+
+import torch
+from mmengine.config import Config, DictAction
+from mmengine.runner import set_random_seed
+from mmengine.utils import import_modules_from_strings
+
+import npudet.engine  # noqa: F401  (checkpoint types)
+import npudet.models  # noqa: F401
+from npudet.ablation.report import (
+    markdown_table,
+    plot_loss_curves,
+    plot_time_split,
+    summarise,
+    write_csv,
+)
+from npudet.ablation.variants import Variant, parse_variants
+from npudet.engine.cli import fail, run_checks
+from npudet.engine.preflight import check_data
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="MSDA implementation ablation")
+    parser.add_argument("config", help="train config file path")
+    parser.add_argument(
+        "--impls",
+        default="grid_sample,gather,cpu",
+        help="comma-separated variants, the first is the baseline; NAME for every layer or "
+        "ENCODER/DECODER (default: grid_sample,gather,cpu)",
+    )
+    parser.add_argument("--iters", type=int, default=20, help="training iterations per run")
+    parser.add_argument("--work-dir", help="output dir (default: work_dirs/ablate/CONFIG)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per run")
+    parser.add_argument("--rounds", type=int, default=1, help="times each variant is run")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="first iterations left out of the timings"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
+    parser.add_argument(
+        "--cfg-options", nargs="+", action=DictAction, help="override config settings, k=v"
+    )
+    args = parser.parse_args()
+    for name in ("iters", "threads", "rounds"):
+        if getattr(args, name) < 1:
+            fail(f"--{name}: expected a positive integer, got {getattr(args, name)}")
+    if args.warmup < 0:
+        fail(f"--warmup: expected a non-negative integer, got {args.warmup}")
+    return args
+
+
+def save_initial_weights(cfg: Config, seed: int, path: str) -> None:
+    """Build the model once from ``seed`` and save its initialised state dict."""
+    from mmdet.registry import MODELS
+    from mmengine.logging import MMLogger
+    from mmengine.registry import init_default_scope
+
+    # init_weights reports every parameter to the current logger; keep the console quiet.
+    MMLogger.get_instance("npudet-ablate", log_level="WARNING")
+
+    if cfg.get("custom_imports"):
+        import_modules_from_strings(**cfg.custom_imports)
+    init_default_scope(cfg.get("default_scope", "mmdet"))
+    set_random_seed(seed)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    torch.save({"state_dict": model.state_dict(), "meta": {"seed": seed}}, path)
+
+
+def run_variant(spec: Dict, threads: int) -> Dict:
+    """Train one variant in a child process; returns its record."""
+    os.makedirs(spec["work_dir"], exist_ok=True)
+    spec_path = os.path.join(spec["work_dir"], "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f, indent=1)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    log_path = os.path.join(spec["work_dir"], "worker.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, "-m", "npudet.ablation.worker", spec_path],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    if proc.returncode != 0:
+        with open(log_path) as f:
+            tail = f.read().splitlines()[-15:]
+        fail(f"run {spec['work_dir']} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+    with open(os.path.join(spec["work_dir"], "record.json")) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    args = parse_args()
+    if not os.path.isfile(args.config):
+        fail(f"config file not found: {args.config}")
+    try:
+        variants: List[Variant] = parse_variants(args.impls)
+    except ValueError as err:
+        fail(str(err))
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    run_checks(lambda: check_data(cfg, ["train"]))
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    work_dir = args.work_dir or os.path.join("work_dirs", "ablate", name)
+    os.makedirs(work_dir, exist_ok=True)
+    init_path = os.path.abspath(os.path.join(work_dir, "init_weights.pth"))
+    save_initial_weights(cfg, args.seed, init_path)
+
+    runs: Dict[str, List[Dict]] = {v.label: [] for v in variants}
+    for round_idx in range(args.rounds):
+        for variant in variants:
+            run_dir = os.path.join(work_dir, variant.dirname, f"round{round_idx}")
+            print(f"[ablate] {variant.label} (round {round_idx + 1}/{args.rounds})", flush=True)
+            spec = dict(
+                config=os.path.abspath(args.config),
+                cfg_options=args.cfg_options,
+                msda=variant.msda_cfg(),
+                iters=args.iters,
+                work_dir=os.path.abspath(run_dir),
+                load_from=init_path,
+                seed=args.seed,
+                threads=args.threads,
+            )
+            runs[variant.label].append(run_variant(spec, args.threads))
+
+    parts = {v.label: {"encoder": v.encoder, "decoder": v.decoder} for v in variants}
+    rows = summarise(runs, parts, min(args.warmup, args.iters - 1))
+    first = runs[variants[0].label][0]
+    header = (
+        f"{name}: {args.iters} iterations x {args.rounds} round(s), {args.threads} threads, "
+        f"device {first['device']}, torch {first['torch']}; times are medians after "
+        f"{min(args.warmup, args.iters - 1)} warm-up iterations; speed-up and loss deviation "
+        f"vs {variants[0].label}\n\n"
+    )
+    table = markdown_table(rows)
+    with open(os.path.join(work_dir, "ablation.md"), "w") as f:
+        f.write(header + table)
+    write_csv(rows, os.path.join(work_dir, "ablation.csv"))
+    plot_loss_curves(runs, os.path.join(work_dir, "loss_curves.png"), f"{name}: training loss")
+    plot_time_split(rows, os.path.join(work_dir, "iter_time_split.png"), f"{name}: time per iter")
+    print(header + table, end="")
+    print(
+        f"[ablate] wrote ablation.md, ablation.csv, loss_curves.png, iter_time_split.png to "
+        f"{work_dir}"
+    )
+
+
+if __name__ == "__main__":
+    main()
