@@ -63,7 +63,7 @@ def test_custom_op_passes_torch_opcheck():
 def test_variants_agree_with_each_other():
     inputs = random_inputs(heads=8, dim=32, queries=40, points=4)
     out, grads = run("cpu", inputs)
-    for other in ("cpu_atomic", "cpu_owner", "cpu_corner", "cpu_noprefetch"):
+    for other in ("cpu_atomic", "cpu_owner", "cpu_corner", "cpu_noprefetch", "cpu_headmajor"):
         out2, grads2 = run(other, inputs)
         torch.testing.assert_close(out2, out, rtol=1e-5, atol=1e-5)
         for a, b in zip(grads2, grads):

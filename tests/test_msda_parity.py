@@ -32,7 +32,7 @@ EDGE_CASES = {
 
 def test_expected_impls_are_usable_here():
     expected = {"grid_sample", "gather", "cpu", "cpu_atomic", "cpu_owner", "cpu_corner"}
-    assert expected | {"cpu_noprefetch"} <= set(msda_impls())
+    assert expected | {"cpu_noprefetch", "cpu_headmajor"} <= set(msda_impls())
 
 
 def assert_matches_reference(impl, inputs, rtol=1e-4, atol=1e-4):

@@ -9,15 +9,18 @@
 //   out      (B, Q, NH, D)
 // Design (each choice can be switched off by a variant bit, so its worth can be measured):
 //   * nothing sampled is materialised: per output row (b, q, h) the corners of all its
-//     levels x points are planned first (offsets, weights, software prefetch of the rows:
-//     kNoPrefetch turns the prefetch off), then weighted and accumulated in a register
-//     accumulator (forward) or scattered at once (backward);
+//     levels x points are planned (offsets, weights, software prefetch of the rows:
+//     kNoPrefetch turns the prefetch off) one row ahead of their use, then weighted and
+//     accumulated in a register accumulator (forward) or scattered at once (backward);
 //   * kFused: the four corners of a sample are read in ONE pass over D (out-of-map corners
 //     read a zero row / write a sink row); without it, one pass per corner;
+//   * work is ordered query by query, all heads of a query in turn (their rows of a pixel
+//     are one contiguous block); kHeadMajor orders it head by head instead;
 //   * the backward's per-sample dot products reduce in registers as a tree of vector
 //     halves, not as a serial chain of scalar adds;
-//   * backward grad_value without contention: kPrivate gives each thread its own copy for
-//     a contiguous range of queries (query-major, like the forward), summed at the end;
+//   * backward grad_value without contention: kPrivate gives each thread a contiguous
+//     range of work; it writes grad_value directly except in the one batch entry it may
+//     share with the previous thread, which goes to a private copy added at the end;
 //     kOwner partitions work by (batch, head) so each grad_value slice has one writer;
 //     kAtomic parallelises over queries and adds atomically. With none of them set the
 //     kernel takes kPrivate while the copies stay small, else kOwner.
@@ -37,6 +40,7 @@ constexpr int64_t kAtomic = 2;
 constexpr int64_t kPrivate = 4;
 constexpr int64_t kOwner = 8;
 constexpr int64_t kNoPrefetch = 16;
+constexpr int64_t kHeadMajor = 32;
 
 // kPrivate is taken automatically while the extra grad_value copies stay under this.
 constexpr int64_t kPrivateBudgetBytes = int64_t(1) << 28;
@@ -85,17 +89,19 @@ struct RowPlan {
   std::vector<char> valid;
 };
 
-template <typename T>
+template <int WRITE, typename T>
 inline void prefetch_row(const T* row, int64_t D) {
   for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(T)); byte += 64) {
-    __builtin_prefetch(reinterpret_cast<const char*>(row) + byte, 0, 3);
+    __builtin_prefetch(reinterpret_cast<const char*>(row) + byte, WRITE, 3);
   }
 }
 
+// Plans row (b, q, h) and, when `prefetch`, prefetches its corner rows of value and (in
+// the backward, gvalue != nullptr) of the grad_value rows written at gvalue + off - gshift.
 template <typename T>
 void plan_row(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
               int64_t b, int64_t bq, int64_t h, const Dims& d, int64_t D, bool prefetch,
-              RowPlan<T>& plan) {
+              RowPlan<T>& plan, const T* gvalue = nullptr, int64_t gshift = 0) {
   const int64_t row_stride = d.NH * D;
   const int64_t s0 = (bq * d.NH + h) * d.L * d.P;
   for (int64_t l = 0; l < d.L; ++l) {
@@ -110,84 +116,160 @@ void plan_row(const T* value, const int64_t* shapes, const int64_t* starts, cons
       for (int k = 0; k < 4; ++k) {
         if (off[k] < 0) continue;
         off[k] += base;
-        if (prefetch) prefetch_row(value + off[k], D);
+        if (!prefetch) continue;
+        prefetch_row<0>(value + off[k], D);
+        if (gvalue != nullptr) prefetch_row<1>(gvalue + (off[k] - gshift), D);
       }
     }
   }
 }
 
+// The output row (b, q, h) = sum over levels x points of attn * bilinear(value), from the
+// row's plan.
 template <typename T, int DC, bool FUSED>
-void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
-                  const T* attn, T* out, const Dims& d, bool prefetch) {
+inline void forward_row(const T* value, const T* attn, T* out, int64_t bq, int64_t h,
+                        const Dims& d, const RowPlan<T>& plan, const T* zeros, T* acc) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
-  const int64_t grain = std::max<int64_t>(1, 256 / (d.NH * n));
-  at::parallel_for(0, d.B * d.Q, grain, [&](int64_t begin, int64_t end) {
-    RowPlan<T> plan(n);
+  const T* a_row = attn + (bq * d.NH + h) * n;
+  for (int64_t c = 0; c < D; ++c) acc[c] = T(0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!plan.valid[i]) continue;
+    const int64_t* off = &plan.off[4 * i];
+    const T* w = &plan.w[4 * i];
+    const T a = a_row[i];
+    if (FUSED) {
+      const T* v0 = off[0] >= 0 ? value + off[0] : zeros;
+      const T* v1 = off[1] >= 0 ? value + off[1] : zeros;
+      const T* v2 = off[2] >= 0 ? value + off[2] : zeros;
+      const T* v3 = off[3] >= 0 ? value + off[3] : zeros;
+      const T w0 = a * w[0], w1 = a * w[1], w2 = a * w[2], w3 = a * w[3];
+#pragma omp simd
+      for (int64_t c = 0; c < D; ++c) {
+        acc[c] += w0 * v0[c] + w1 * v1[c] + w2 * v2[c] + w3 * v3[c];
+      }
+    } else {
+      for (int k = 0; k < 4; ++k) {
+        if (off[k] < 0) continue;
+        const T wk = a * w[k];
+        const T* v = value + off[k];
+#pragma omp simd
+        for (int64_t c = 0; c < D; ++c) acc[c] += wk * v[c];
+      }
+    }
+  }
+  T* o = out + (bq * d.NH + h) * D;
+  for (int64_t c = 0; c < D; ++c) o[c] = acc[c];
+}
+
+// Work order. Query-major (default): items are (b, q), all heads of a query in turn; the
+// heads of a query sample around the same reference point, and the rows of one pixel for
+// all heads are one contiguous NH*D block. Head-major (kHeadMajor): items are (b, h,
+// block of kQueryBlock queries), one head's queries in order. fn(b, bq, h) is called per
+// row; [begin, end) ranges over items.
+constexpr int64_t kQueryBlock = 64;
+
+inline int64_t num_blocks(const Dims& d) { return (d.Q + kQueryBlock - 1) / kQueryBlock; }
+
+inline int64_t num_items(const Dims& d, bool head_major) {
+  return head_major ? d.B * d.NH * num_blocks(d) : d.B * d.Q;
+}
+
+inline int64_t item_batch(const Dims& d, bool head_major, int64_t item) {
+  return head_major ? item / (d.NH * num_blocks(d)) : item / d.Q;
+}
+
+template <typename F>
+inline void for_rows(const Dims& d, bool head_major, int64_t begin, int64_t end, F&& fn) {
+  if (!head_major) {
+    for (int64_t bq = begin; bq < end; ++bq) {
+      for (int64_t h = 0; h < d.NH; ++h) fn(bq / d.Q, bq, h);
+    }
+    return;
+  }
+  const int64_t blocks = num_blocks(d);
+  for (int64_t item = begin; item < end; ++item) {
+    const int64_t b = item / (d.NH * blocks);
+    const int64_t h = (item / blocks) % d.NH;
+    const int64_t q0 = (item % blocks) * kQueryBlock;
+    const int64_t q1 = std::min(d.Q, q0 + kQueryBlock);
+    for (int64_t q = q0; q < q1; ++q) fn(b, b * d.Q + q, h);
+  }
+}
+
+// The rows of items [begin, end) in order, software-pipelined: each row is planned (its
+// corner rows prefetched) one row before it is computed, so the prefetches have a whole
+// row's work to arrive. plan(b, bq, h, RowPlan&), compute(b, bq, h, const RowPlan&).
+template <typename T, typename Plan, typename Compute>
+inline void pipelined_rows(const Dims& d, bool head_major, int64_t begin, int64_t end,
+                           RowPlan<T>* plans, Plan&& plan, Compute&& compute) {
+  int64_t pb = 0, pbq = 0, ph = 0;
+  bool pending = false;
+  int buf = 0;
+  for_rows(d, head_major, begin, end, [&](int64_t b, int64_t bq, int64_t h) {
+    plan(b, bq, h, plans[buf]);
+    if (pending) compute(pb, pbq, ph, plans[buf ^ 1]);
+    pb = b, pbq = bq, ph = h, pending = true;
+    buf ^= 1;
+  });
+  if (pending) compute(pb, pbq, ph, plans[buf ^ 1]);
+}
+
+template <typename T, int DC, bool FUSED>
+void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
+                  const T* attn, T* out, const Dims& d, bool prefetch, bool head_major) {
+  const int64_t D = DC > 0 ? DC : d.D;
+  const int64_t n = d.L * d.P;
+  const int64_t grain = head_major ? 1 : std::max<int64_t>(1, 256 / (d.NH * n));
+  at::parallel_for(0, num_items(d, head_major), grain, [&](int64_t begin, int64_t end) {
+    RowPlan<T> plans[2] = {RowPlan<T>(n), RowPlan<T>(n)};
     std::vector<T> zeros(D, T(0));
     std::vector<T> acc_dyn(DC > 0 ? 0 : D);
     alignas(64) T acc_fix[DC > 0 ? DC : 1];
     T* acc = DC > 0 ? acc_fix : acc_dyn.data();
-    for (int64_t bq = begin; bq < end; ++bq) {
-      const int64_t b = bq / d.Q;
-      for (int64_t h = 0; h < d.NH; ++h) {
-        plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, plan);
-        const T* a_row = attn + (bq * d.NH + h) * n;
-        for (int64_t c = 0; c < D; ++c) acc[c] = T(0);
-        for (int64_t i = 0; i < n; ++i) {
-          if (!plan.valid[i]) continue;
-          const int64_t* off = &plan.off[4 * i];
-          const T* w = &plan.w[4 * i];
-          const T a = a_row[i];
-          if (FUSED) {
-            const T* v0 = off[0] >= 0 ? value + off[0] : zeros.data();
-            const T* v1 = off[1] >= 0 ? value + off[1] : zeros.data();
-            const T* v2 = off[2] >= 0 ? value + off[2] : zeros.data();
-            const T* v3 = off[3] >= 0 ? value + off[3] : zeros.data();
-            const T w0 = a * w[0], w1 = a * w[1], w2 = a * w[2], w3 = a * w[3];
-#pragma omp simd
-            for (int64_t c = 0; c < D; ++c) {
-              acc[c] += w0 * v0[c] + w1 * v1[c] + w2 * v2[c] + w3 * v3[c];
-            }
-          } else {
-            for (int k = 0; k < 4; ++k) {
-              if (off[k] < 0) continue;
-              const T wk = a * w[k];
-              const T* v = value + off[k];
-#pragma omp simd
-              for (int64_t c = 0; c < D; ++c) acc[c] += wk * v[c];
-            }
-          }
-        }
-        T* o = out + (bq * d.NH + h) * D;
-        for (int64_t c = 0; c < D; ++c) o[c] = acc[c];
-      }
-    }
+    pipelined_rows<T>(
+        d, head_major, begin, end, plans,
+        [&](int64_t b, int64_t bq, int64_t h, RowPlan<T>& plan) {
+          plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, plan);
+        },
+        [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& plan) {
+          forward_row<T, DC, FUSED>(value, attn, out, bq, h, d, plan, zeros.data(), acc);
+        });
   });
 }
 
-// 64-byte vectors (GCC/Clang vector extensions, lowered to AVX-512, AVX2 or NEON) for the
-// backward's per-sample dot products, whose horizontal sums reduce in registers as a tree.
+// Native-width vectors (GCC/Clang vector extensions: 64 bytes with AVX-512, 32 with AVX,
+// else 16, lowered to AVX-512, AVX2, SSE or NEON) for the backward's per-sample dot
+// products, whose horizontal sums reduce in registers as a tree. Wider than native, the
+// four corner accumulators no longer fit the register file: 64-byte vectors on an
+// AVX2-only CPU made the ddetr-enc backward about 2x slower than 32-byte ones.
+#if defined(__AVX512F__)
+constexpr int kVecBytes = 64;
+#elif defined(__AVX__)
+constexpr int kVecBytes = 32;
+#else
+constexpr int kVecBytes = 16;
+#endif
 template <typename T, int BYTES>
 struct VecOf {
   typedef T type __attribute__((vector_size(BYTES)));
 };
-template <typename T, int BYTES = 64>
+template <typename T, int BYTES = kVecBytes>
 using Vec = typename VecOf<T, BYTES>::type;
 
-template <typename T, int BYTES = 64>
+template <typename T, int BYTES = kVecBytes>
 inline Vec<T, BYTES> load(const T* p) {
   Vec<T, BYTES> v;
   std::memcpy(&v, p, BYTES);
   return v;
 }
 
-template <typename T, int BYTES = 64>
+template <typename T, int BYTES = kVecBytes>
 inline void store(T* p, Vec<T, BYTES> v) {
   std::memcpy(p, &v, BYTES);
 }
 
-template <typename T, int BYTES = 64>
+template <typename T, int BYTES = kVecBytes>
 inline T hsum(Vec<T, BYTES> v) {
   if constexpr (BYTES == 2 * sizeof(T)) {
     return v[0] + v[1];
@@ -200,7 +282,7 @@ inline T hsum(Vec<T, BYTES> v) {
 }
 
 template <typename T>
-constexpr int64_t kLanes = 64 / static_cast<int64_t>(sizeof(T));
+constexpr int64_t kLanes = kVecBytes / static_cast<int64_t>(sizeof(T));
 
 // dot(g, v_k) for the four corners and gv_k += w_k * g, in one pass over D.
 template <typename T, int DC>
@@ -256,21 +338,20 @@ inline void add_row(T* dst, const T* g, T w, int64_t Dd) {
 // Per-thread buffers of the backward.
 template <typename T>
 struct BackwardScratch {
-  BackwardScratch(int64_t n, int64_t D) : plan(n), zeros(D, T(0)), sink(D, T(0)), g(D) {}
-  RowPlan<T> plan;
+  BackwardScratch(int64_t n, int64_t D)
+      : plans{RowPlan<T>(n), RowPlan<T>(n)}, zeros(D, T(0)), sink(D, T(0)), g(D) {}
+  RowPlan<T> plans[2];
   std::vector<T> zeros, sink, g;
 };
 
-// Gradients of one output row (b, q, h) over all its levels and points.
+// Gradients of one output row (b, q, h) over all its levels and points, from the row's
+// plan. grad_value rows are written at gvalue + (offset - gshift).
 template <typename T, int DC, bool FUSED, bool ATOMIC>
-inline void backward_row(const T* value, const int64_t* shapes, const int64_t* starts,
-                         const T* loc, const T* attn, const T* gout, T* gvalue, T* gloc,
-                         T* gattn, int64_t b, int64_t bq, int64_t h, const Dims& d,
-                         bool prefetch, BackwardScratch<T>& scratch) {
+inline void backward_row(const T* value, const int64_t* shapes, const T* attn, const T* gout,
+                         T* gvalue, int64_t gshift, T* gloc, T* gattn, int64_t bq, int64_t h,
+                         const Dims& d, const RowPlan<T>& plan, BackwardScratch<T>& scratch) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
-  RowPlan<T>& plan = scratch.plan;
-  plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, plan);
   const int64_t row = bq * d.NH + h;
   T* g = scratch.g.data();
   std::copy(gout + row * D, gout + (row + 1) * D, g);
@@ -294,7 +375,7 @@ inline void backward_row(const T* value, const int64_t* shapes, const int64_t* s
       T wa[4];
       for (int k = 0; k < 4; ++k) {
         v[k] = off[k] >= 0 ? value + off[k] : scratch.zeros.data();
-        gv[k] = off[k] >= 0 ? gvalue + off[k] : scratch.sink.data();
+        gv[k] = off[k] >= 0 ? gvalue + (off[k] - gshift) : scratch.sink.data();
         wa[k] = a * w[k];
       }
       fused_corner_grads<T, DC>(g, v, gv, wa, D, dots);
@@ -302,7 +383,7 @@ inline void backward_row(const T* value, const int64_t* shapes, const int64_t* s
       for (int k = 0; k < 4; ++k) {
         if (off[k] < 0) continue;
         dots[k] = dot_row<T, DC>(g, value + off[k], D);
-        add_row<T, DC, ATOMIC>(gvalue + off[k], g, a * w[k], D);
+        add_row<T, DC, ATOMIC>(gvalue + (off[k] - gshift), g, a * w[k], D);
       }
     }
     const int64_t l = i / d.P;
@@ -316,15 +397,12 @@ inline void backward_row(const T* value, const int64_t* shapes, const int64_t* s
   }
 }
 
+// dst[i] += src[i] for i < numel, in parallel.
 template <typename T>
-void add_copies(T* dst, const std::vector<T>& copies, int64_t count, int64_t numel) {
-  if (count == 0) return;
+void add_into(T* dst, const T* src, int64_t numel) {
   at::parallel_for(0, numel, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t k = 0; k < count; ++k) {
-      const T* src = copies.data() + k * numel;
 #pragma omp simd
-      for (int64_t i = begin; i < end; ++i) dst[i] += src[i];
-    }
+    for (int64_t i = begin; i < end; ++i) dst[i] += src[i];
   });
 }
 
@@ -335,50 +413,79 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
   const bool prefetch = !(variant & kNoPrefetch);
-  const int64_t numel = d.B * d.K * d.NH * D;
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), d.B * d.Q));
+  const bool head_major = variant & kHeadMajor;
+  const int64_t slice = d.K * d.NH * D;  // grad_value elements of one batch entry
+  const int64_t items = num_items(d, head_major);
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  auto plan_into = [&](const T* target, int64_t shift) {
+    return [&, target, shift](int64_t b, int64_t bq, int64_t h, RowPlan<T>& p) {
+      plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, p, target, shift);
+    };
+  };
+  // Private strategy: thread t takes the t-th contiguous range of items and writes
+  // grad_value directly, except in the batch entry its range shares with the previous
+  // thread's (at most its first one), which it accumulates in a private copy of that
+  // entry; the copies are added at the end.
+  auto range = [&](int64_t t) { return std::make_pair(items * t / threads, items * (t + 1) / threads); };
+  auto shares_first_batch = [&](int64_t t) {
+    const auto [r0, r1] = range(t);
+    return r0 > 0 && r0 < r1 && item_batch(d, head_major, r0 - 1) == item_batch(d, head_major, r0);
+  };
   int64_t strategy = variant & (kAtomic | kPrivate | kOwner);
   if (strategy == 0) {
-    const int64_t extra = (threads - 1) * numel * static_cast<int64_t>(sizeof(T));
+    int64_t copies = 0;
+    for (int64_t t = 1; t < threads; ++t) copies += shares_first_batch(t);
+    const int64_t extra = copies * slice * static_cast<int64_t>(sizeof(T));
     strategy = extra <= kPrivateBudgetBytes ? kPrivate : kOwner;
   }
   if (strategy & kAtomic) {
     const int64_t grain = std::max<int64_t>(1, 256 / (d.NH * n));
     at::parallel_for(0, d.B * d.Q, grain, [&](int64_t begin, int64_t end) {
       BackwardScratch<T> scratch(n, D);
-      for (int64_t bq = begin; bq < end; ++bq) {
-        for (int64_t h = 0; h < d.NH; ++h) {
-          backward_row<T, DC, FUSED, true>(value, shapes, starts, loc, attn, gout, gvalue, gloc,
-                                           gattn, bq / d.Q, bq, h, d, prefetch, scratch);
-        }
-      }
+      pipelined_rows<T>(d, false, begin, end, scratch.plans, plan_into(gvalue, 0),
+                        [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& p) {
+                          backward_row<T, DC, FUSED, true>(value, shapes, attn, gout, gvalue, 0,
+                                                           gloc, gattn, bq, h, d, p, scratch);
+                        });
     });
     return;
   }
   if (strategy & kPrivate) {
-    // Copy t accumulates the grad_value of the t-th contiguous range of queries.
-    std::vector<T> copies(static_cast<size_t>((threads - 1) * numel), T(0));
+    std::vector<std::vector<T>> copies(threads);
     at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
       BackwardScratch<T> scratch(n, D);
       for (int64_t t = begin; t < end; ++t) {
-        T* target = t == 0 ? gvalue : copies.data() + (t - 1) * numel;
-        const int64_t r0 = d.B * d.Q * t / threads, r1 = d.B * d.Q * (t + 1) / threads;
-        for (int64_t bq = r0; bq < r1; ++bq) {
-          for (int64_t h = 0; h < d.NH; ++h) {
-            backward_row<T, DC, FUSED, false>(value, shapes, starts, loc, attn, gout, target,
-                                              gloc, gattn, bq / d.Q, bq, h, d, prefetch,
-                                              scratch);
-          }
-        }
+        const auto [r0, r1] = range(t);
+        if (r0 >= r1) continue;
+        const int64_t shared_b = shares_first_batch(t) ? item_batch(d, head_major, r0) : -1;
+        if (shared_b >= 0) copies[t].assign(static_cast<size_t>(slice), T(0));
+        T* copy = copies[t].data();
+        auto plan = [&](int64_t b, int64_t bq, int64_t h, RowPlan<T>& p) {
+          const bool own = b != shared_b;
+          plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, p, own ? gvalue : copy,
+                   own ? 0 : b * slice);
+        };
+        pipelined_rows<T>(d, head_major, r0, r1, scratch.plans, plan,
+                          [&](int64_t b, int64_t bq, int64_t h, const RowPlan<T>& p) {
+                            const bool own = b != shared_b;
+                            backward_row<T, DC, FUSED, false>(
+                                value, shapes, attn, gout, own ? gvalue : copy,
+                                own ? 0 : b * slice, gloc, gattn, bq, h, d, p, scratch);
+                          });
       }
     });
-    add_copies(gvalue, copies, threads - 1, numel);
+    for (int64_t t = 1; t < threads; ++t) {
+      if (copies[t].empty()) continue;
+      add_into(gvalue + item_batch(d, head_major, range(t).first) * slice, copies[t].data(),
+               slice);
+    }
     return;
   }
   // Ownership: item = (chunk, b, h). With fewer (b, h) pairs than threads the queries are
   // split into chunks; chunk 0 writes grad_value, the others private copies.
   const int64_t pairs = d.B * d.NH;
   const int64_t chunks = std::min<int64_t>({(threads + pairs - 1) / pairs, d.Q, 8});
+  const int64_t numel = d.B * slice;
   std::vector<T> copies(static_cast<size_t>((chunks - 1) * numel), T(0));
   at::parallel_for(0, chunks * pairs, 1, [&](int64_t begin, int64_t end) {
     BackwardScratch<T> scratch(n, D);
@@ -389,12 +496,14 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
       T* target = chunk == 0 ? gvalue : copies.data() + (chunk - 1) * numel;
       const int64_t q0 = d.Q * chunk / chunks, q1 = d.Q * (chunk + 1) / chunks;
       for (int64_t q = q0; q < q1; ++q) {
-        backward_row<T, DC, FUSED, false>(value, shapes, starts, loc, attn, gout, target, gloc,
-                                          gattn, b, b * d.Q + q, h, d, prefetch, scratch);
+        plan_row(value, shapes, starts, loc, b, b * d.Q + q, h, d, D, prefetch, scratch.plans[0],
+                 target);
+        backward_row<T, DC, FUSED, false>(value, shapes, attn, gout, target, 0, gloc, gattn,
+                                          b * d.Q + q, h, d, scratch.plans[0], scratch);
       }
     }
   });
-  add_copies(gvalue, copies, chunks - 1, numel);
+  for (int64_t k = 1; k < chunks; ++k) add_into(gvalue, copies.data() + (k - 1) * numel, numel);
 }
 
 struct Prepared {
@@ -456,6 +565,7 @@ at::Tensor msda_forward(const at::Tensor& value, const at::Tensor& spatial_shape
   at::Tensor out = at::empty({d.B, d.Q, d.NH * d.D}, r.value.options());
   const bool fused = variant & kFused;
   const bool prefetch = !(variant & kNoPrefetch);
+  const bool head_major = variant & kHeadMajor;
   AT_DISPATCH_FLOATING_TYPES(r.value.scalar_type(), "msda_cpu_forward", [&] {
     const auto* v = r.value.data_ptr<scalar_t>();
     const auto* sh = r.shapes.data_ptr<int64_t>();
@@ -464,8 +574,8 @@ at::Tensor msda_forward(const at::Tensor& value, const at::Tensor& spatial_shape
     const auto* aw = r.attn.data_ptr<scalar_t>();
     auto* o = out.data_ptr<scalar_t>();
     NPUDET_DISPATCH_D(d.D, DC, [&] {
-      if (fused) forward_impl<scalar_t, DC, true>(v, sh, st, lc, aw, o, d, prefetch);
-      else forward_impl<scalar_t, DC, false>(v, sh, st, lc, aw, o, d, prefetch);
+      if (fused) forward_impl<scalar_t, DC, true>(v, sh, st, lc, aw, o, d, prefetch, head_major);
+      else forward_impl<scalar_t, DC, false>(v, sh, st, lc, aw, o, d, prefetch, head_major);
     });
   });
   return out;

@@ -5,7 +5,9 @@ Variants expose the kernel's design choices so the benchmark can price each one:
 per-thread grad_value copies while they are small, else (batch, head) ownership),
 ``cpu_atomic`` (backward parallel over queries with atomic adds into grad_value),
 ``cpu_owner`` (always the (batch, head) ownership partition), ``cpu_corner`` (one pass
-over the channels per corner instead of one for all four) and ``cpu_noprefetch``.
+over the channels per corner instead of one for all four), ``cpu_noprefetch`` and
+``cpu_headmajor`` (work ordered head by head, a block of neighbouring queries per work
+item, instead of query by query with all heads of a query in turn).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ ATOMIC = 2
 PRIVATE = 4
 OWNER = 8
 NO_PREFETCH = 16
+HEAD_MAJOR = 32
 
 
 def _load():
@@ -166,5 +169,17 @@ class CPUNoPrefetchImpl(CPUImpl):
     VARIANT = FUSED | NO_PREFETCH
 
 
-for _impl in (CPUImpl(), CPUAtomicImpl(), CPUOwnerImpl(), CPUCornerImpl(), CPUNoPrefetchImpl()):
+class CPUHeadMajorImpl(CPUImpl):
+    NAME = "cpu_headmajor"
+    VARIANT = FUSED | HEAD_MAJOR
+
+
+for _impl in (
+    CPUImpl(),
+    CPUAtomicImpl(),
+    CPUOwnerImpl(),
+    CPUCornerImpl(),
+    CPUNoPrefetchImpl(),
+    CPUHeadMajorImpl(),
+):
     register(_impl)
