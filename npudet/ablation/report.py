@@ -18,7 +18,7 @@ COLUMNS = (
     ("msda_share", "MSDA share %"),
     ("peak_mem_mb", "peak mem MB"),
     ("final_loss", "final loss"),
-    ("max_loss_dev", "max |loss - base|"),
+    ("max_loss_dev", "max abs loss dev."),
     ("max_rel_loss_dev", "max rel. dev."),
 )
 
