@@ -294,3 +294,30 @@ def test_unserialized_dataset_matches(bev_root: str) -> None:
     info = b.get_data_info(3)
     assert [q["frame"] for q in info["queue"]] == [1, 2, 3]
     assert info["queue"][-1]["sample_idx"] == info["sample_idx"] == 3
+
+
+def test_preflight_names_sample_and_camera(bev_root: str, tmp_path) -> None:
+    """tools/train.py's preflight reads BEV info files (not COCO) and finds bad ones."""
+    from mmengine.config import Config
+
+    from npudet.engine.preflight import PreflightError, check_data
+
+    dst = str(tmp_path / "d")
+    data = _copy_info(bev_root, dst)
+    cfg = Config(
+        dict(
+            train_dataloader=dict(
+                dataset=dict(type="BEVDataset", data_root=dst, ann_file="infos_train.json")
+            ),
+            train_evaluator=dict(type="BEVDetMetric", ann_file="unused.json"),
+        )
+    )
+    check_data(cfg, ["train"])  # a good set passes
+    rel = data["data_list"][1]["cams"]["CAM_FRONT_RIGHT"]["img_path"]
+    os.remove(os.path.join(dst, rel))
+    with pytest.raises(PreflightError, match=r"sample_idx 1 camera CAM_FRONT_RIGHT.*not found"):
+        check_data(cfg, ["train"])
+    data["metainfo"]["version"] = "other"
+    _write(dst, data)
+    with pytest.raises(PreflightError, match=r"ann_file: info file .* has version other"):
+        check_data(cfg, ["train"])

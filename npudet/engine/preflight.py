@@ -65,13 +65,37 @@ def read_coco_annotations(path: str, key: str) -> Dict:
     return data
 
 
+def check_bev_dataset(path: str, root: Optional[str], key: str) -> None:
+    """A BEV info file: readable, of the expected version, every camera image present."""
+    from npudet.datasets.bev_info import load_bev_info
+
+    if not os.path.isfile(path):
+        raise PreflightError(f"{key}: info file not found: {path}")
+    try:
+        info = load_bev_info(path)
+    except ValueError as err:
+        raise PreflightError(f"{key}: {err}") from None
+    samples = info["data_list"]
+    for sample in samples:
+        for cam, entry in sample["cams"].items():
+            img = _join(root, entry["img_path"])
+            if not os.path.isfile(img):
+                raise PreflightError(
+                    f"{key}: sample_idx {sample['sample_idx']} camera {cam}: image file "
+                    f"not found: {img} ({len(samples)} samples listed in {path})"
+                )
+
+
 def check_dataset(dataset: Dict, key: str) -> None:
-    """A COCO-style dataset config: annotation file readable, every image file present."""
+    """A dataset config: annotation file readable, every image file present (COCO or BEV)."""
     ann_file = dataset.get("ann_file")
     if not ann_file or "://" in str(ann_file):
         return
     root = dataset.get("data_root")
     path = _join(root, ann_file)
+    if dataset.get("type") == "BEVDataset":
+        check_bev_dataset(path, root, f"{key}.ann_file")
+        return
     data = read_coco_annotations(path, f"{key}.ann_file")
     prefix = _join(root, (dataset.get("data_prefix") or {}).get("img", ""))
     if "://" in prefix:
@@ -101,7 +125,7 @@ def check_data(cfg: Config, loaders: List[str]) -> None:
             continue
         for evaluator in evaluators if isinstance(evaluators, list) else [evaluators]:
             ann_file = evaluator.get("ann_file")
-            if ann_file and "://" not in ann_file:
+            if ann_file and "://" not in ann_file and evaluator.get("type") != "BEVDetMetric":
                 read_coco_annotations(ann_file, f"{name}_evaluator.ann_file")
 
 
