@@ -26,7 +26,10 @@ if [ ! -x "$py" ]; then
 fi
 
 stamp="$venv/.npudet-setup-$(stamp_key)"
-if [ -f "$stamp" ] && "$py" -c "import npudet, mmcv.ops, mmdet, torch" >/dev/null 2>&1; then
+if [ -f "$stamp" ] && "$py" -c "import npudet, mmcv.ops, mmdet, torch
+from importlib.util import find_spec
+assert all(find_spec(m) for m in ('nuscenes', 'pyquaternion', 'sklearn', 'cachetools'))" \
+  >/dev/null 2>&1; then
   echo "[setup] .venv is up to date"
   exit 0
 fi
@@ -56,6 +59,19 @@ extras="dev,triton"
 # torch 2.13 asks for setuptools >= 77.0.3.
 echo "setuptools>=77.0.3,<81" >> "$constraints"
 pip install -q -c "$constraints" -e ".[$extras]" "setuptools>=77.0.3,<81"
+
+# nuscenes-devkit 1.2.0 declares numpy<2 (and Shapely~=2.0.3) but the parts npudet uses (NuScenes,
+# the detection eval) work with numpy 2: install it with --no-deps plus what those parts import,
+# with numpy and torch pinned so pip never touches them. See the [nuscenes] extra in pyproject.toml.
+nusc_check="from nuscenes import NuScenes; from nuscenes.eval.detection.evaluate import DetectionEval"
+if ! "$py" -c "$nusc_check" >/dev/null 2>&1; then
+  echo "[setup] installing nuscenes-devkit 1.2.0 (--no-deps) and the dependencies it imports"
+  numpy_version="$("$py" -c 'import numpy; print(numpy.__version__)')"
+  echo "numpy==$numpy_version" >> "$constraints"
+  pip install -q -c "$constraints" pyquaternion cachetools scikit-learn tqdm matplotlib pillow
+  pip install -q --no-deps nuscenes-devkit==1.2.0
+  "$py" -c "$nusc_check"
+fi
 
 rm -f "$venv"/.npudet-setup-*
 touch "$stamp"
