@@ -18,7 +18,7 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "[!_]*", "*.py")))
 @pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
 def test_config_parses_with_msda_key(path: str) -> None:
     cfg = Config.fromfile(path)
-    assert cfg.model.type in ("DeformableDETR", "DINO")
+    assert cfg.model.type in ("DeformableDETR", "DINO", "BEVFormer")
     assert cfg.model.msda.impl == "auto"
     assert "npudet.models" in cfg.custom_imports.imports
     assert cfg.model.backbone.init_cfg is None  # nothing is downloaded

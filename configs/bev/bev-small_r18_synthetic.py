@@ -1,0 +1,140 @@
+# Small BEVFormer-style detector for the built-in synthetic multi-camera set
+# (data/bev_synth: 6 cameras, 160x96 images, 3 classes), trained from scratch on CPU:
+# ResNet-18 at half width (stride-16 stage only), 1 FPN level, 64-d BEV of 25x25 cells
+# over +-25 m, 2 encoder + 3 decoder layers, 50 queries, queue of 2 frames.
+_base_ = ['mmdet::_base_/default_runtime.py']
+custom_imports = dict(
+    imports=[
+        'npudet.models', 'npudet.models.bev', 'npudet.datasets.bev',
+        'npudet.evaluation', 'npudet.engine'
+    ],
+    allow_failed_imports=False)
+
+classes = ('car', 'truck', 'pedestrian')
+pc_range = [-25.0, -25.0, -2.0, 25.0, 25.0, 4.0]
+embed_dims = 64
+ffn_dims = 128
+bev_h = bev_w = 25
+num_cams = 6
+
+model = dict(
+    type='BEVFormer',
+    msda=dict(impl='auto', encoder=None, decoder=None),
+    data_preprocessor=dict(
+        type='BEVDataPreprocessor',
+        mean=[123.675, 116.28, 103.53],
+        std=[58.395, 57.12, 57.375],
+        bgr_to_rgb=True),
+    backbone=dict(
+        type='ResNet',
+        depth=18,
+        base_channels=32,
+        num_stages=3,
+        strides=(1, 2, 2),
+        dilations=(1, 1, 1),
+        out_indices=(2, ),
+        frozen_stages=-1,
+        norm_cfg=dict(type='BN', requires_grad=True),
+        norm_eval=False,
+        style='pytorch',
+        init_cfg=None),
+    neck=dict(
+        type='FPN', in_channels=[128], out_channels=embed_dims, num_outs=1),
+    encoder=dict(
+        type='BEVFormerEncoder',
+        bev_h=bev_h,
+        bev_w=bev_w,
+        embed_dims=embed_dims,
+        num_layers=2,
+        num_heads=4,
+        num_levels=1,
+        num_cams=num_cams,
+        sca_points=8,
+        tsa_points=4,
+        num_z=4,
+        pc_range=pc_range,
+        ffn_dims=ffn_dims,
+        dropout=0.1),
+    bbox_head=dict(
+        type='BEVDetrHead',
+        num_classes=len(classes),
+        embed_dims=embed_dims,
+        num_queries=50,
+        num_layers=3,
+        num_heads=4,
+        num_points=4,
+        ffn_dims=ffn_dims,
+        dropout=0.1,
+        bev_h=bev_h,
+        bev_w=bev_w,
+        pc_range=pc_range,
+        code_weights=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2],
+        loss_cls_weight=2.0,
+        loss_bbox_weight=0.25,
+        cls_cost_weight=2.0,
+        reg_cost_weight=0.25,
+        max_per_img=50))
+
+dataset_type = 'BEVDataset'
+data_root = 'data/bev_synth/'
+metainfo = dict(classes=classes)
+pipeline = [dict(type='LoadMultiViewImages'), dict(type='PackBEVInputs')]
+train_dataloader = dict(
+    batch_size=2,
+    num_workers=0,
+    persistent_workers=False,
+    sampler=dict(type='DefaultSampler', shuffle=True),
+    collate_fn=dict(type='pseudo_collate'),
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        ann_file='infos_train.json',
+        metainfo=metainfo,
+        queue_length=2,
+        pipeline=pipeline))
+val_dataloader = dict(
+    batch_size=2,
+    num_workers=0,
+    persistent_workers=False,
+    drop_last=False,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    collate_fn=dict(type='pseudo_collate'),
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        ann_file='infos_val.json',
+        metainfo=metainfo,
+        queue_length=2,
+        test_mode=True,
+        pipeline=pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(type='BEVDetMetric', classes=classes, class_range=25.0)
+test_evaluator = val_evaluator
+
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=4e-4, weight_decay=0.01),
+    clip_grad=dict(max_norm=35, norm_type=2),
+    paramwise_cfg=dict(custom_keys={'sampling_offsets': dict(lr_mult=0.1)}))
+
+max_epochs = 6
+train_cfg = dict(
+    type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=max_epochs)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=50),
+    dict(
+        type='CosineAnnealingLR',
+        T_max=max_epochs,
+        eta_min_ratio=0.01,
+        by_epoch=True,
+        begin=0,
+        end=max_epochs)
+]
+default_hooks = dict(
+    logger=dict(type='LoggerHook', interval=20),
+    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=1))
+log_processor = dict(window_size=20)
+randomness = dict(seed=0)
+env_cfg = dict(dist_cfg=dict(backend='gloo'))

@@ -1,0 +1,102 @@
+# BEVFormer-tiny-like detector on nuScenes (infos converted to npudet's BEV format under
+# data/nuscenes): 50x50 BEV over +-51.2 m, 3 encoder + 6 decoder layers, ResNet-50
+# stage 4 + 1-level FPN, 256 dims, 900 queries, 10 classes, 6 cameras, queue of 3.
+# Pretrained weights are not downloaded at run time: set load_from / backbone init_cfg
+# to a local checkpoint if one is available.
+_base_ = ['./bev-small_r18_synthetic.py']
+
+classes = ('car', 'truck', 'construction_vehicle', 'bus', 'trailer', 'barrier',
+           'motorcycle', 'bicycle', 'pedestrian', 'traffic_cone')
+pc_range = [-51.2, -51.2, -5.0, 51.2, 51.2, 3.0]
+embed_dims = 256
+ffn_dims = 512
+bev_h = bev_w = 50
+
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='ResNet',
+        depth=50,
+        num_stages=4,
+        out_indices=(3, ),
+        frozen_stages=1,
+        norm_cfg=dict(type='BN', requires_grad=False),
+        norm_eval=True,
+        style='pytorch',
+        init_cfg=None),
+    neck=dict(
+        type='FPN',
+        in_channels=[2048],
+        out_channels=embed_dims,
+        start_level=0,
+        add_extra_convs='on_output',
+        num_outs=1,
+        relu_before_extra_convs=True),
+    encoder=dict(
+        bev_h=bev_h,
+        bev_w=bev_w,
+        embed_dims=embed_dims,
+        num_layers=3,
+        num_heads=8,
+        num_cams=6,
+        sca_points=8,
+        tsa_points=4,
+        num_z=4,
+        pc_range=pc_range,
+        ffn_dims=ffn_dims),
+    bbox_head=dict(
+        num_classes=len(classes),
+        embed_dims=embed_dims,
+        num_queries=900,
+        num_layers=6,
+        num_heads=8,
+        ffn_dims=ffn_dims,
+        bev_h=bev_h,
+        bev_w=bev_w,
+        pc_range=pc_range,
+        max_per_img=300))
+
+data_root = 'data/nuscenes/'
+metainfo = dict(classes=classes)
+pipeline = [
+    dict(type='LoadMultiViewImages'),
+    dict(type='ResizeMultiViewImages', scale=(800, 450)),
+    dict(type='PackBEVInputs')
+]
+train_dataloader = dict(
+    batch_size=1,
+    num_workers=4,
+    dataset=dict(
+        data_root=data_root,
+        ann_file='infos_train.json',
+        metainfo=metainfo,
+        queue_length=3,
+        pipeline=pipeline))
+val_dataloader = dict(
+    batch_size=1,
+    num_workers=4,
+    dataset=dict(
+        data_root=data_root,
+        ann_file='infos_val.json',
+        metainfo=metainfo,
+        queue_length=3,
+        pipeline=pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(type='BEVDetMetric', classes=classes, class_range=50.0)
+test_evaluator = val_evaluator
+
+optim_wrapper = dict(
+    optimizer=dict(type='AdamW', lr=2e-4, weight_decay=0.01),
+    paramwise_cfg=dict(custom_keys={'backbone.': dict(lr_mult=0.1)}))
+max_epochs = 24
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1.0 / 3, by_epoch=False, begin=0, end=500),
+    dict(
+        type='CosineAnnealingLR',
+        T_max=max_epochs,
+        eta_min_ratio=1e-3,
+        by_epoch=True,
+        begin=0,
+        end=max_epochs)
+]

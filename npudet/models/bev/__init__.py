@@ -1,0 +1,19 @@
+"""BEVFormer-style multi-camera 3D detection on npudet's MSDA (registers in mmdet MODELS)."""
+
+from .box_coder import BEVBoxCoder
+from .detector import BEVDataPreprocessor, BEVFormer, apply_bev_msda_cfg
+from .encoder import BEVFormerEncoder
+from .head import BEVDetrHead
+from .spatial_cross_attention import SpatialCrossAttention
+from .temporal_self_attention import TemporalSelfAttention
+
+__all__ = [
+    "BEVBoxCoder",
+    "BEVDataPreprocessor",
+    "BEVDetrHead",
+    "BEVFormer",
+    "BEVFormerEncoder",
+    "SpatialCrossAttention",
+    "TemporalSelfAttention",
+    "apply_bev_msda_cfg",
+]

@@ -1,0 +1,164 @@
+"""BEVFormer encoder: learned BEV queries refined by TSA -> SCA -> FFN layers."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from mmdet.registry import MODELS
+from mmengine.model import BaseModule
+from torch import Tensor, nn
+
+from .spatial_cross_attention import SpatialCrossAttention, flatten_levels
+from .temporal_self_attention import (
+    TemporalSelfAttention,
+    bev_reference_points,
+    prev_reference_points,
+)
+
+
+class FFN(nn.Module):
+    """Linear -> ReLU -> dropout -> Linear -> dropout, plus residual: (..., C) -> (..., C)."""
+
+    def __init__(self, embed_dims: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(embed_dims, hidden),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, embed_dims),
+            nn.Dropout(dropout),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.net(x)
+
+
+class BEVFormerEncoderLayer(BaseModule):
+    """TSA -> norm -> SCA -> norm -> FFN -> norm on BEV queries (B, Q, C)."""
+
+    def __init__(
+        self,
+        embed_dims: int,
+        num_heads: int,
+        num_levels: int,
+        sca_points: int,
+        tsa_points: int,
+        num_z: int,
+        pc_range: Sequence[float],
+        ffn_dims: int,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        self.tsa = TemporalSelfAttention(embed_dims, num_heads, tsa_points, dropout)
+        self.sca = SpatialCrossAttention(
+            embed_dims, num_heads, num_levels, sca_points, num_z, pc_range, dropout
+        )
+        self.ffn = FFN(embed_dims, ffn_dims, dropout)
+        self.norms = nn.ModuleList(nn.LayerNorm(embed_dims) for _ in range(3))
+
+
+@MODELS.register_module()
+class BEVFormerEncoder(BaseModule):
+    """Builds the BEV map (B, bev_h * bev_w, C) from multi-camera features.
+
+    Learned BEV queries and a learned row/column positional embedding; camera and
+    level embeddings are added to the image features before spatial cross-attention.
+    """
+
+    def __init__(
+        self,
+        bev_h: int = 50,
+        bev_w: int = 50,
+        embed_dims: int = 256,
+        num_layers: int = 3,
+        num_heads: int = 8,
+        num_levels: int = 1,
+        num_cams: int = 6,
+        sca_points: int = 8,
+        tsa_points: int = 4,
+        num_z: int = 4,
+        pc_range: Sequence[float] = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0),
+        ffn_dims: int = 512,
+        dropout: float = 0.1,
+        init_cfg=None,
+    ) -> None:
+        super().__init__(init_cfg)
+        self.bev_h, self.bev_w, self.embed_dims = bev_h, bev_w, embed_dims
+        self.pc_range = tuple(float(x) for x in pc_range)
+        self.bev_embedding = nn.Embedding(bev_h * bev_w, embed_dims)
+        self.row_embed = nn.Embedding(bev_h, embed_dims // 2)
+        self.col_embed = nn.Embedding(bev_w, embed_dims - embed_dims // 2)
+        self.cams_embeds = nn.Parameter(torch.randn(num_cams, embed_dims) * 0.02)
+        self.level_embeds = nn.Parameter(torch.randn(num_levels, embed_dims) * 0.02)
+        self.layers = nn.ModuleList(
+            BEVFormerEncoderLayer(
+                embed_dims,
+                num_heads,
+                num_levels,
+                sca_points,
+                tsa_points,
+                num_z,
+                pc_range,
+                ffn_dims,
+                dropout,
+            )
+            for _ in range(num_layers)
+        )
+
+    def bev_pos(self, device: torch.device) -> Tensor:
+        """Positional embedding of the BEV cells, (bev_h * bev_w, C)."""
+        rows = self.row_embed(torch.arange(self.bev_h, device=device))
+        cols = self.col_embed(torch.arange(self.bev_w, device=device))
+        pos = torch.cat(
+            [
+                rows[:, None].expand(-1, self.bev_w, -1),
+                cols[None].expand(self.bev_h, -1, -1),
+            ],
+            -1,
+        )
+        return pos.flatten(0, 1)
+
+    def forward(
+        self,
+        mlvl_feats: List[Tensor],
+        lidar2img: Tensor,
+        img_shape: Tuple[int, int],
+        prev_bev: Optional[Tensor] = None,
+        ego2global: Optional[Tensor] = None,
+        ego2global_prev: Optional[Tensor] = None,
+        prev_valid: Optional[Tensor] = None,
+    ) -> Tensor:
+        """mlvl_feats: list of (B, N, C, h, w); lidar2img (B, N, 4, 4); ego2global(_prev) (B, 4, 4).
+
+        ``prev_bev`` (B, Q, C) or None; ``prev_valid`` (B,) bool: samples without a
+        previous frame use their current queries in its place. Returns (B, Q, C).
+        """
+        b, n = mlvl_feats[0].shape[:2]
+        device = mlvl_feats[0].device
+        bev_hw = (self.bev_h, self.bev_w)
+        mlvl = [
+            f + (self.cams_embeds[:n, :, None, None] + self.level_embeds[lvl, :, None, None])
+            for lvl, f in enumerate(mlvl_feats)
+        ]
+        feats, shapes, starts = flatten_levels(mlvl)
+        query = self.bev_embedding.weight[None].expand(b, -1, -1)
+        pos = self.bev_pos(device)[None].expand(b, -1, -1)
+        ref = bev_reference_points(self.bev_h, self.bev_w, device)
+        if prev_bev is not None and ego2global is not None and ego2global_prev is not None:
+            ref_prev = prev_reference_points(ref, ego2global, ego2global_prev, self.pc_range)
+        else:
+            ref_prev = ref[None].expand(b, -1, -1)
+        if prev_bev is not None and prev_valid is not None:
+            keep = prev_valid.view(b, 1, 1).to(device)
+            ref_prev = torch.where(keep, ref_prev, ref[None].expand(b, -1, -1))
+        for layer in self.layers:
+            stand_in = prev_bev
+            if prev_bev is not None and prev_valid is not None:
+                stand_in = torch.where(prev_valid.view(b, 1, 1).to(device), prev_bev, query)
+            query = layer.norms[0](layer.tsa(query, ref, ref_prev, bev_hw, stand_in, pos))
+            query = layer.norms[1](
+                layer.sca(query, feats, shapes, starts, lidar2img, img_shape, bev_hw, pos)
+            )
+            query = layer.norms[2](layer.ffn(query))
+        return query

@@ -1,0 +1,219 @@
+"""Spatial cross-attention: BEV queries attend to the camera features that see them."""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import torch
+from mmdet.registry import MODELS
+from mmengine.model import BaseModule
+from torch import Tensor, nn
+
+from npudet.ops import multi_scale_deformable_attn
+
+from ..layers import check_impl_name
+
+
+def bev_pillar_points(
+    bev_h: int, bev_w: int, num_z: int, pc_range: Sequence[float], device: torch.device
+) -> Tensor:
+    """Ego-frame points of every BEV cell's pillar: (bev_h * bev_w, num_z, 3).
+
+    Cell ``q = i * bev_w + j`` has its centre at normalised ``(u, v) = ((j + .5) / W,
+    (i + .5) / H)``, x from u and y from v over ``pc_range``; heights spread evenly in z.
+    """
+    x0, y0, z0, x1, y1, z1 = pc_range
+    u = (torch.arange(bev_w, device=device, dtype=torch.float32) + 0.5) / bev_w
+    v = (torch.arange(bev_h, device=device, dtype=torch.float32) + 0.5) / bev_h
+    z = (torch.arange(num_z, device=device, dtype=torch.float32) + 0.5) / num_z
+    vv, uu = torch.meshgrid(v, u, indexing="ij")
+    xy = torch.stack([x0 + uu * (x1 - x0), y0 + vv * (y1 - y0)], -1).view(-1, 1, 2)
+    zz = (z0 + z * (z1 - z0)).view(1, num_z, 1)
+    q = bev_h * bev_w
+    return torch.cat([xy.expand(q, num_z, 2), zz.expand(q, num_z, 1)], -1)
+
+
+def project_to_cameras(
+    points: Tensor, lidar2img: Tensor, img_shape: Tuple[int, int], eps: float = 1e-5
+) -> Tuple[Tensor, Tensor]:
+    """Project ego points (Q, Z, 3) with lidar2img (B, N, 4, 4).
+
+    Returns the normalised image positions (B, N, Q, Z, 2) as (x / W, y / H) and the
+    visibility mask (B, N, Q, Z): depth > eps and inside the image.
+    """
+    homo = torch.cat([points, points.new_ones(points.shape[:-1] + (1,))], -1)
+    cam = torch.einsum("bnij,qzj->bnqzi", lidar2img.to(points.dtype), homo)
+    depth = cam[..., 2:3]
+    uv = cam[..., :2] / depth.clamp(min=eps)
+    img_h, img_w = img_shape
+    uv = uv / uv.new_tensor([img_w, img_h])
+    mask = (
+        (depth[..., 0] > eps)
+        & (uv[..., 0] > 0.0)
+        & (uv[..., 0] < 1.0)
+        & (uv[..., 1] > 0.0)
+        & (uv[..., 1] < 1.0)
+    )
+    return uv, mask
+
+
+def rebatch_indices(visible: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-camera packing of the visible queries, without a Python loop.
+
+    ``visible``: (B, N, Q) bool. Returns ``index`` (B * N, L) long, the query index of
+    each slot (0 in padding), and ``valid`` (B * N, L) bool, with L the largest count.
+    """
+    flat = visible.flatten(0, 1)
+    rank = flat.long().cumsum(-1) - 1
+    max_len = max(int(flat.sum(-1).max()), 1)
+    rows, cols = flat.nonzero(as_tuple=True)
+    index = flat.new_zeros(flat.shape[0], max_len, dtype=torch.long)
+    valid = flat.new_zeros(flat.shape[0], max_len)
+    slot = rank[rows, cols]
+    index[rows, slot] = cols
+    valid[rows, slot] = True
+    return index, valid
+
+
+@MODELS.register_module()
+class SpatialCrossAttention(BaseModule):
+    """BEVFormer's spatial cross-attention on ``npudet.ops`` MSDA.
+
+    Each BEV cell's pillar (``num_z`` heights) is projected into every camera; the
+    cells a camera sees are packed per camera, run MSDA over that camera's feature
+    levels (``num_points`` split across the Z anchors), scattered back and averaged
+    over the cameras that see them; then output projection, dropout and residual.
+    """
+
+    def __init__(
+        self,
+        embed_dims: int = 256,
+        num_heads: int = 8,
+        num_levels: int = 1,
+        num_points: int = 8,
+        num_z: int = 4,
+        pc_range: Sequence[float] = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0),
+        dropout: float = 0.1,
+        impl: str = "auto",
+        init_cfg=None,
+    ) -> None:
+        super().__init__(init_cfg)
+        if num_points % num_z:
+            raise ValueError(f"num_points ({num_points}) must be a multiple of num_z ({num_z})")
+        self.embed_dims, self.num_heads = embed_dims, num_heads
+        self.num_levels, self.num_points, self.num_z = num_levels, num_points, num_z
+        self.pc_range = tuple(float(x) for x in pc_range)
+        self.impl = check_impl_name(impl, "impl")
+        lp = num_heads * num_levels * num_points
+        self.sampling_offsets = nn.Linear(embed_dims, lp * 2)
+        self.attention_weights = nn.Linear(embed_dims, lp)
+        self.value_proj = nn.Linear(embed_dims, embed_dims)
+        self.output_proj = nn.Linear(embed_dims, embed_dims)
+        self.dropout = nn.Dropout(dropout)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Offsets start as a ring of directions per head (like mmcv), weights uniform."""
+        nn.init.zeros_(self.sampling_offsets.weight)
+        theta = torch.arange(self.num_heads, dtype=torch.float32) * (
+            2.0 * torch.pi / self.num_heads
+        )
+        grid = torch.stack([theta.cos(), theta.sin()], -1)
+        grid = grid / grid.abs().max(-1, keepdim=True)[0]
+        grid = grid.view(self.num_heads, 1, 1, 2).repeat(1, self.num_levels, self.num_points, 1)
+        per_z = self.num_points // self.num_z
+        scale = torch.arange(per_z, dtype=torch.float32).repeat(self.num_z) + 1
+        grid = grid * scale.view(1, 1, -1, 1)
+        with torch.no_grad():
+            self.sampling_offsets.bias.copy_(grid.flatten())
+        for lin in (self.attention_weights,):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+        for lin in (self.value_proj, self.output_proj):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def attend(
+        self,
+        query: Tensor,
+        ref: Tensor,
+        zmask: Tensor,
+        value: Tensor,
+        spatial_shapes: Tensor,
+        level_start_index: Tensor,
+    ) -> Tensor:
+        """MSDA of packed queries (M, L, C) at refs (M, L, Z, 2) with Z-anchor mask (M, L, Z).
+
+        ``value``: (M, keys, heads, C / heads), already projected. Returns (M, L, C).
+        """
+        m, length, _ = query.shape
+        h, lv, p, z = self.num_heads, self.num_levels, self.num_points, self.num_z
+        offsets = self.sampling_offsets(query).view(m, length, h, lv, z, p // z, 2)
+        normalizer = torch.stack([spatial_shapes[:, 1], spatial_shapes[:, 0]], -1).to(query)
+        locations = ref[:, :, None, None, :, None, :] + offsets / normalizer[:, None, None, :]
+        weights = self.attention_weights(query).view(m, length, h, lv * p).softmax(-1)
+        weights = weights.view(m, length, h, lv, z, p // z) * zmask[:, :, None, None, :, None]
+        out = multi_scale_deformable_attn(
+            value,
+            spatial_shapes,
+            level_start_index,
+            locations.reshape(m, length, h, lv, p, 2),
+            weights.reshape(m, length, h, lv, p).contiguous(),
+            impl=self.impl,
+        )
+        return out
+
+    def project_value(self, feats: Tensor) -> Tensor:
+        """Camera features (B, N, keys, C) -> MSDA value (B * N, keys, heads, C / heads)."""
+        b, n, keys, c = feats.shape
+        return self.value_proj(feats).view(b * n, keys, self.num_heads, c // self.num_heads)
+
+    def forward(
+        self,
+        query: Tensor,
+        feats: Tensor,
+        spatial_shapes: Tensor,
+        level_start_index: Tensor,
+        lidar2img: Tensor,
+        img_shape: Tuple[int, int],
+        bev_hw: Tuple[int, int],
+        query_pos: Tensor | None = None,
+    ) -> Tensor:
+        """query (B, Q, C); feats (B, N, keys, C) flattened camera levels; lidar2img (B, N, 4, 4).
+
+        Returns (B, Q, C).
+        """
+        b, q, c = query.shape
+        n = feats.shape[1]
+        identity = query
+        if query_pos is not None:
+            query = query + query_pos
+        pts = bev_pillar_points(bev_hw[0], bev_hw[1], self.num_z, self.pc_range, query.device)
+        uv, mask = project_to_cameras(pts, lidar2img, img_shape)
+        uv = uv.to(query.dtype)
+        visible = mask.any(-1)
+        index, valid = rebatch_indices(visible)
+        batch_of = torch.arange(b, device=query.device).repeat_interleave(n)[:, None]
+        cam_of = torch.arange(n, device=query.device).repeat(b)[:, None]
+        q_sel = query[batch_of, index]
+        ref_sel = uv[batch_of, cam_of, index]
+        zmask = (mask[batch_of, cam_of, index] & valid[..., None]).to(query.dtype)
+        out = self.attend(
+            q_sel, ref_sel, zmask, self.project_value(feats), spatial_shapes, level_start_index
+        )
+        out = out * valid[..., None].to(out.dtype)
+        slots = query.new_zeros(b, q, c)
+        slots.index_put_((batch_of.expand_as(index), index), out, accumulate=True)
+        count = visible.sum(1).clamp(min=1).to(out.dtype)
+        slots = slots / count[..., None]
+        return self.dropout(self.output_proj(slots)) + identity
+
+
+def flatten_levels(mlvl_feats: List[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """List of (B, N, C, h, w) -> feats (B, N, sum h*w, C), spatial_shapes, level_start_index."""
+    shapes = [f.shape[-2:] for f in mlvl_feats]
+    feats = torch.cat([f.flatten(3).transpose(2, 3) for f in mlvl_feats], 2)
+    spatial_shapes = torch.tensor(shapes, dtype=torch.long, device=feats.device)
+    areas = spatial_shapes[:, 0] * spatial_shapes[:, 1]
+    level_start_index = torch.cat((areas.new_zeros(1), areas.cumsum(0)[:-1]))
+    return feats, spatial_shapes, level_start_index

@@ -1,0 +1,131 @@
+"""Temporal self-attention: current BEV queries attend to [previous BEV, current BEV]."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+from mmdet.registry import MODELS
+from mmengine.model import BaseModule
+from torch import Tensor, nn
+
+from npudet.ops import multi_scale_deformable_attn
+
+from ..layers import check_impl_name
+
+
+def bev_reference_points(bev_h: int, bev_w: int, device: torch.device) -> Tensor:
+    """Normalised (u, v) centres of the BEV cells, (bev_h * bev_w, 2); u along x, v along y."""
+    u = (torch.arange(bev_w, device=device, dtype=torch.float32) + 0.5) / bev_w
+    v = (torch.arange(bev_h, device=device, dtype=torch.float32) + 0.5) / bev_h
+    vv, uu = torch.meshgrid(v, u, indexing="ij")
+    return torch.stack([uu, vv], -1).view(-1, 2)
+
+
+def prev_reference_points(
+    ref: Tensor, ego2global_cur: Tensor, ego2global_prev: Tensor, pc_range: Sequence[float]
+) -> Tensor:
+    """Current cells (Q, 2) normalised, moved into the previous ego frame: (B, Q, 2).
+
+    Uses ``inv(ego2global_prev) @ ego2global_cur`` (B, 4, 4) on the cells' ground points.
+    """
+    x0, y0, _, x1, y1, _ = pc_range
+    span = ref.new_tensor([x1 - x0, y1 - y0])
+    lo = ref.new_tensor([x0, y0])
+    xy = ref * span + lo
+    pts = torch.cat([xy, xy.new_zeros(xy.shape[0], 1), xy.new_ones(xy.shape[0], 1)], -1)
+    cur2prev = torch.linalg.solve(ego2global_prev.double(), ego2global_cur.double()).to(ref)
+    moved = torch.einsum("bij,qj->bqi", cur2prev, pts)[..., :2]
+    return (moved - lo) / span
+
+
+@MODELS.register_module()
+class TemporalSelfAttention(BaseModule):
+    """BEVFormer's temporal self-attention on ``npudet.ops`` MSDA (1 level).
+
+    Value = [prev BEV, current queries] stacked along the batch; offsets and weights
+    come from the current query concatenated with the previous BEV; the previous
+    entry samples at the ego-motion-aligned reference points, the current at the
+    cells; the two outputs are averaged, projected, dropped out and added back.
+    """
+
+    def __init__(
+        self,
+        embed_dims: int = 256,
+        num_heads: int = 8,
+        num_points: int = 4,
+        dropout: float = 0.1,
+        impl: str = "auto",
+        init_cfg=None,
+    ) -> None:
+        super().__init__(init_cfg)
+        self.embed_dims, self.num_heads, self.num_points = embed_dims, num_heads, num_points
+        self.num_queue = 2
+        self.impl = check_impl_name(impl, "impl")
+        lp = self.num_queue * num_heads * num_points
+        self.sampling_offsets = nn.Linear(embed_dims * 2, lp * 2)
+        self.attention_weights = nn.Linear(embed_dims * 2, lp)
+        self.value_proj = nn.Linear(embed_dims, embed_dims)
+        self.output_proj = nn.Linear(embed_dims, embed_dims)
+        self.dropout = nn.Dropout(dropout)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """Ring of offset directions per head, uniform weights, xavier projections."""
+        nn.init.zeros_(self.sampling_offsets.weight)
+        theta = torch.arange(self.num_heads, dtype=torch.float32) * (
+            2.0 * torch.pi / self.num_heads
+        )
+        grid = torch.stack([theta.cos(), theta.sin()], -1)
+        grid = grid / grid.abs().max(-1, keepdim=True)[0]
+        grid = grid.view(self.num_heads, 1, 1, 2).repeat(1, self.num_queue, self.num_points, 1)
+        grid = grid * torch.arange(1, self.num_points + 1, dtype=torch.float32).view(1, 1, -1, 1)
+        with torch.no_grad():
+            self.sampling_offsets.bias.copy_(grid.flatten())
+        nn.init.zeros_(self.attention_weights.weight)
+        nn.init.zeros_(self.attention_weights.bias)
+        for lin in (self.value_proj, self.output_proj):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(
+        self,
+        query: Tensor,
+        ref: Tensor,
+        ref_prev: Tensor,
+        bev_hw: Tuple[int, int],
+        prev_bev: Optional[Tensor] = None,
+        query_pos: Optional[Tensor] = None,
+    ) -> Tensor:
+        """query (B, Q, C); ref (Q, 2) cells; ref_prev (B, Q, 2); prev_bev (B, Q, C) or None.
+
+        Returns (B, Q, C).
+        """
+        b, q, c = query.shape
+        identity = query
+        if prev_bev is None:  # no previous frame: the current queries stand in for it
+            prev_bev = query
+        if query_pos is not None:
+            query = query + query_pos
+        h, p, t = self.num_heads, self.num_points, self.num_queue
+        value = self.value_proj(torch.stack([prev_bev, query], 1).flatten(0, 1))
+        value = value.view(b * t, q, h, c // h)
+        both = torch.cat([prev_bev, query], -1)
+        offsets = self.sampling_offsets(both).view(b, q, h, t, p, 2)
+        weights = self.attention_weights(both).view(b, q, h, t, p).softmax(-1)
+        refs = torch.stack([ref_prev, ref.expand(b, q, 2)], 1)  # (B, T, Q, 2)
+        shapes = torch.tensor([bev_hw], dtype=torch.long, device=query.device)
+        normalizer = query.new_tensor([bev_hw[1], bev_hw[0]])
+        offsets = offsets.permute(0, 3, 1, 2, 4, 5).flatten(0, 1)  # (B*T, Q, h, p, 2)
+        locations = refs.flatten(0, 1)[:, :, None, None, :] + offsets / normalizer
+        weights = weights.permute(0, 3, 1, 2, 4).flatten(0, 1)
+        out = multi_scale_deformable_attn(
+            value,
+            shapes,
+            shapes.new_zeros(1),
+            locations[:, :, :, None],
+            weights[:, :, :, None].contiguous(),
+            impl=self.impl,
+        )
+        out = out.view(b, t, q, c).mean(1)
+        return self.dropout(self.output_proj(out)) + identity
