@@ -19,13 +19,13 @@ Conventions (see :mod:`npudet.datasets.bev_info`):
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..utils.json_io import write_json_atomic
 from .bev_info import VERSION
 
 DETECTION_CLASSES = (
@@ -225,9 +225,5 @@ def create_nuscenes_infos(
             nuscenes_version=version,
         )
         path = os.path.join(out_dir, f"infos_{out_name}.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(dict(metainfo=metainfo, data_list=data_list), fh)
-        os.replace(tmp, path)
-        written[out_name] = path
+        written[out_name] = write_json_atomic(path, dict(metainfo=metainfo, data_list=data_list))
     return written

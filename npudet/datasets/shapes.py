@@ -9,6 +9,8 @@ from typing import Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
+from ..utils.json_io import write_json_atomic
+
 CLASSES: Tuple[str, ...] = ("circle", "square", "triangle")
 SPLITS: Tuple[str, ...] = ("train", "val")
 
@@ -94,11 +96,9 @@ def write_split(
             )
     categories = [dict(id=i + 1, name=name) for i, name in enumerate(CLASSES)]
     ann_file = os.path.join(root, "annotations", f"instances_{split}.json")
-    tmp = ann_file + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(dict(images=images, annotations=annotations, categories=categories), f)
-    os.replace(tmp, ann_file)
-    return ann_file
+    return write_json_atomic(
+        ann_file, dict(images=images, annotations=annotations, categories=categories)
+    )
 
 
 def make_shapes_dataset(

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
+from ..utils.json_io import write_json_atomic
 from .bev_info import VERSION
 
 CLASSES: Tuple[str, ...] = ("car", "truck", "pedestrian")
@@ -360,11 +361,7 @@ def write_split(
         version=VERSION, classes=list(CLASSES), cameras=list(CAMERA_NAMES), source="synthetic"
     )
     info_file = os.path.join(root, f"infos_{split}.json")
-    tmp = info_file + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(dict(metainfo=metainfo, data_list=data_list), fh)
-    os.replace(tmp, info_file)
-    return info_file
+    return write_json_atomic(info_file, dict(metainfo=metainfo, data_list=data_list))
 
 
 def make_bev_dataset(

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from npudet.ops import multi_scale_deformable_attn
 
 from ..layers import check_impl_name
+from .attention_init import init_deformable_attention, ring_offsets
 
 
 def bev_pillar_points(
@@ -114,24 +115,14 @@ class SpatialCrossAttention(BaseModule):
 
     def init_weights(self) -> None:
         """Offsets start as a ring of directions per head (like mmcv), weights uniform."""
-        nn.init.zeros_(self.sampling_offsets.weight)
-        theta = torch.arange(self.num_heads, dtype=torch.float32) * (
-            2.0 * torch.pi / self.num_heads
-        )
-        grid = torch.stack([theta.cos(), theta.sin()], -1)
-        grid = grid / grid.abs().max(-1, keepdim=True)[0]
-        grid = grid.view(self.num_heads, 1, 1, 2).repeat(1, self.num_levels, self.num_points, 1)
         per_z = self.num_points // self.num_z
-        scale = torch.arange(per_z, dtype=torch.float32).repeat(self.num_z) + 1
-        grid = grid * scale.view(1, 1, -1, 1)
-        with torch.no_grad():
-            self.sampling_offsets.bias.copy_(grid.flatten())
-        for lin in (self.attention_weights,):
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
-        for lin in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
+        scales = torch.arange(per_z, dtype=torch.float32).repeat(self.num_z) + 1
+        init_deformable_attention(
+            self.sampling_offsets,
+            self.attention_weights,
+            (self.value_proj, self.output_proj),
+            ring_offsets(self.num_heads, self.num_levels, scales),
+        )
 
     def attend(
         self,

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from npudet.ops import multi_scale_deformable_attn
 
 from ..layers import check_impl_name
+from .attention_init import init_deformable_attention, ring_offsets
 
 
 def bev_reference_points(bev_h: int, bev_w: int, device: torch.device) -> Tensor:
@@ -72,21 +73,13 @@ class TemporalSelfAttention(BaseModule):
 
     def init_weights(self) -> None:
         """Ring of offset directions per head, uniform weights, xavier projections."""
-        nn.init.zeros_(self.sampling_offsets.weight)
-        theta = torch.arange(self.num_heads, dtype=torch.float32) * (
-            2.0 * torch.pi / self.num_heads
+        scales = torch.arange(1, self.num_points + 1, dtype=torch.float32)
+        init_deformable_attention(
+            self.sampling_offsets,
+            self.attention_weights,
+            (self.value_proj, self.output_proj),
+            ring_offsets(self.num_heads, self.num_queue, scales),
         )
-        grid = torch.stack([theta.cos(), theta.sin()], -1)
-        grid = grid / grid.abs().max(-1, keepdim=True)[0]
-        grid = grid.view(self.num_heads, 1, 1, 2).repeat(1, self.num_queue, self.num_points, 1)
-        grid = grid * torch.arange(1, self.num_points + 1, dtype=torch.float32).view(1, 1, -1, 1)
-        with torch.no_grad():
-            self.sampling_offsets.bias.copy_(grid.flatten())
-        nn.init.zeros_(self.attention_weights.weight)
-        nn.init.zeros_(self.attention_weights.bias)
-        for lin in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(lin.weight)
-            nn.init.zeros_(lin.bias)
 
     def forward(
         self,
