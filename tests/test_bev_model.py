@@ -117,7 +117,7 @@ def test_tsa_alignment() -> None:
     torch.testing.assert_close(moved - ref, shift.expand_as(ref))
 
 
-def small_model(impl: str = "cpu", num_cams: int = 2) -> BEVFormer:
+def small_model(impl: str = "cpu", num_cams: int = 2, two_stage: bool = False) -> BEVFormer:
     c = 32
     bev_h = bev_w = 8
     return BEVFormer(
@@ -162,6 +162,7 @@ def small_model(impl: str = "cpu", num_cams: int = 2) -> BEVFormer:
             bev_w=bev_w,
             pc_range=PC_RANGE,
             max_per_img=7,
+            two_stage=two_stage,
         ),
         msda=dict(impl=impl),
     )
@@ -241,10 +242,11 @@ def test_msda_cfg_reaches_layers(part: str) -> None:
         assert model.encoder.layers[0].tsa.impl == "cpu"
 
 
-def test_impl_switch_same_losses() -> None:
+@pytest.mark.parametrize("two_stage", [False, True])
+def test_impl_switch_same_losses(two_stage: bool) -> None:
     torch.manual_seed(0)
-    model_a = small_model("cpu").train()
-    model_b = small_model("grid_sample").train()
+    model_a = small_model("cpu", two_stage=two_stage).train()
+    model_b = small_model("grid_sample", two_stage=two_stage).train()
     model_b.load_state_dict(model_a.state_dict())
     la, lb = run_loss(model_a), run_loss(model_b)
     for key in la:
@@ -316,3 +318,69 @@ def test_encoder_missing_prev_frame_uses_current_queries() -> None:
     torch.testing.assert_close(masked[0], none[0])
     torch.testing.assert_close(masked[1], with_prev[1])
     assert not torch.allclose(masked[1], none[1])
+
+
+def test_two_stage_losses_and_grads() -> None:
+    torch.manual_seed(0)
+    model = small_model(two_stage=True).train()
+    losses = run_loss(model)
+    assert {"enc.loss_cls", "enc.loss_bbox", "d0.loss_cls", "loss_cls", "loss_bbox"} <= set(losses)
+    assert all(torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+    head = model.bbox_head
+    for param in (head.enc_cls.weight, head.memory_proj[0].weight, head.pos_mlp[0].weight):
+        assert param.grad is not None and param.grad.abs().sum() > 0
+    model.eval()
+    data = model.data_preprocessor(random_batch(), False)
+    with torch.no_grad():
+        out = model(**data, mode="predict")
+    assert out[0].pred_instances_3d.bboxes_3d.shape == (7, 9)
+
+
+def test_two_stage_queries_start_at_best_proposals() -> None:
+    """With zero proposal deltas the decoder starts at the centres of the top-k cells."""
+    from npudet.models.bev import BEVDetrHead
+
+    torch.manual_seed(0)
+    head = BEVDetrHead(
+        num_classes=2,
+        embed_dims=16,
+        num_queries=5,
+        num_layers=1,
+        num_heads=2,
+        ffn_dims=32,
+        bev_h=4,
+        bev_w=6,
+        two_stage=True,
+    )
+    nn_init = torch.nn.init
+    nn_init.zeros_(head.enc_reg[2].weight)
+    nn_init.zeros_(head.enc_reg[2].bias)
+    bev = torch.randn(2, 24, 16)
+    logits, codes, memory = head.proposals(bev)
+    query, _, ref, _ = head.initial_queries(bev)
+    cells = bev_reference_points(4, 6, bev.device)
+    torch.testing.assert_close(codes[..., :2], cells.expand(2, -1, -1))
+    for b in range(2):
+        best = logits[b].max(-1).values.argsort(descending=True)[:5]
+        torch.testing.assert_close(ref[b], cells[best])
+        torch.testing.assert_close(query[b], memory[b, best])
+
+
+def test_match_code_weights() -> None:
+    """A heavy (u, v) weight makes matching geometric; a wrong length is refused."""
+    from npudet.models.bev import BEVDetrHead
+
+    kw = dict(num_classes=1, embed_dims=16, num_queries=2, num_layers=1, num_heads=2, ffn_dims=32)
+    targets = torch.tensor([[0.2, 0.2] + [0.0] * 8, [0.8, 0.8] + [0.0] * 8])
+    # query 0 sits on target 0 but has target 1's size; query 1 the other way round
+    codes = torch.tensor([[0.2, 0.2, 0, 2.0] + [0.0] * 6, [0.8, 0.8, 0, -2.0] + [0.0] * 6])
+    targets[0, 3], targets[1, 3] = -2.0, 2.0
+    logits, labels = torch.zeros(2, 1), torch.zeros(2, dtype=torch.long)
+    rows, cols = BEVDetrHead(**kw).match(logits, codes, labels, targets)
+    assert dict(zip(rows.tolist(), cols.tolist())) == {0: 1, 1: 0}
+    geo = BEVDetrHead(**kw, match_code_weights=[10.0, 10.0] + [1.0] * 6)
+    rows, cols = geo.match(logits, codes, labels, targets)
+    assert dict(zip(rows.tolist(), cols.tolist())) == {0: 0, 1: 1}
+    with pytest.raises(ValueError, match="match_code_weights: expected 8"):
+        BEVDetrHead(**kw, match_code_weights=[1.0] * 10)

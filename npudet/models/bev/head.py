@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from mmdet.models.layers.transformer.utils import coordinate_to_encoding
 from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from mmengine.structures import InstanceData
@@ -16,6 +17,7 @@ from npudet.ops import multi_scale_deformable_attn
 
 from ..layers import check_impl_name
 from .box_coder import CODE_SIZE, BEVBoxCoder
+from .temporal_self_attention import bev_reference_points
 
 
 def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
@@ -99,6 +101,22 @@ class DecoderLayer(nn.Module):
         return self.norms[2](query + self.ffn(query))
 
 
+def regression_mlp(embed_dims: int) -> nn.Module:
+    """Linear -> ReLU -> Linear to the 10-d code deltas."""
+    return nn.Sequential(
+        nn.Linear(embed_dims, embed_dims), nn.ReLU(inplace=True), nn.Linear(embed_dims, CODE_SIZE)
+    )
+
+
+def refine_codes(ref: Tensor, delta: Tensor) -> Tensor:
+    """Reference (u, v) (..., 2) and raw deltas (..., 10) -> codes (..., 10).
+
+    u, v move in inverse-sigmoid space; the normalised height is a sigmoid.
+    """
+    uv = (inverse_sigmoid(ref) + delta[..., :2]).sigmoid()
+    return torch.cat([uv, delta[..., 2:3].sigmoid(), delta[..., 3:]], -1)
+
+
 @MODELS.register_module()
 class BEVDetrHead(BaseModule):
     """Object queries decoded against the BEV map with iterative (u, v) refinement.
@@ -106,6 +124,12 @@ class BEVDetrHead(BaseModule):
     Per decoder layer: class logits (B, nq, K) and codes (B, nq, 10) in the
     :class:`BEVBoxCoder` space. Losses: sigmoid focal + code-weighted L1 after
     Hungarian matching, for every layer (``d{i}.`` prefix for all but the last).
+
+    ``two_stage=False``: learned query positions and reference points (BEVFormer).
+    ``two_stage=True``: every BEV cell proposes a box (``enc.`` losses, matched like a
+    decoder layer); the ``num_queries`` best proposals seed the decoder, whose query
+    content is the proposal's feature and whose positional query is an MLP of the
+    sine embedding of its current reference point (Deformable DETR two-stage / DINO).
     """
 
     def __init__(
@@ -122,11 +146,13 @@ class BEVDetrHead(BaseModule):
         bev_w: int = 50,
         pc_range: Sequence[float] = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0),
         code_weights: Sequence[float] = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2),
+        match_code_weights: Optional[Sequence[float]] = None,
         loss_cls_weight: float = 2.0,
         loss_bbox_weight: float = 0.25,
         cls_cost_weight: float = 2.0,
         reg_cost_weight: float = 0.25,
         max_per_img: int = 100,
+        two_stage: bool = False,
         init_cfg=None,
     ) -> None:
         super().__init__(init_cfg)
@@ -134,11 +160,31 @@ class BEVDetrHead(BaseModule):
         self.bev_hw = (bev_h, bev_w)
         self.coder = BEVBoxCoder(pc_range)
         self.register_buffer("code_weights", torch.tensor(code_weights), persistent=False)
+        match_w = code_weights[:8] if match_code_weights is None else match_code_weights
+        if len(match_w) != 8:
+            raise ValueError(
+                f"match_code_weights: expected 8 weights (u, v, z, log w, log l, log h, sin, cos), "
+                f"got {len(match_w)}"
+            )
+        self.register_buffer("match_code_weights", torch.tensor(match_w), persistent=False)
         self.loss_cls_weight, self.loss_bbox_weight = loss_cls_weight, loss_bbox_weight
         self.cls_cost_weight, self.reg_cost_weight = cls_cost_weight, reg_cost_weight
         self.max_per_img = max_per_img
-        self.query_embedding = nn.Embedding(num_queries, embed_dims * 2)
-        self.ref_points = nn.Linear(embed_dims, 2)
+        self.two_stage = two_stage
+        if two_stage:
+            self.memory_proj = nn.Sequential(
+                nn.Linear(embed_dims, embed_dims), nn.LayerNorm(embed_dims)
+            )
+            self.enc_cls = nn.Linear(embed_dims, num_classes)
+            self.enc_reg = regression_mlp(embed_dims)
+            self.pos_mlp = nn.Sequential(
+                nn.Linear(embed_dims, embed_dims),
+                nn.ReLU(inplace=True),
+                nn.Linear(embed_dims, embed_dims),
+            )
+        else:
+            self.query_embedding = nn.Embedding(num_queries, embed_dims * 2)
+            self.ref_points = nn.Linear(embed_dims, 2)
         self.layers = nn.ModuleList(
             DecoderLayer(embed_dims, num_heads, num_points, ffn_dims, dropout)
             for _ in range(num_layers)
@@ -146,33 +192,56 @@ class BEVDetrHead(BaseModule):
         self.cls_branches = nn.ModuleList(
             nn.Linear(embed_dims, num_classes) for _ in range(num_layers)
         )
-        self.reg_branches = nn.ModuleList(
-            nn.Sequential(
-                nn.Linear(embed_dims, embed_dims),
-                nn.ReLU(inplace=True),
-                nn.Linear(embed_dims, CODE_SIZE),
-            )
-            for _ in range(num_layers)
-        )
+        self.reg_branches = nn.ModuleList(regression_mlp(embed_dims) for _ in range(num_layers))
         prior = -torch.log(torch.tensor((1 - 0.01) / 0.01)).item()
-        for cls in self.cls_branches:
+        for cls in [*self.cls_branches, *([self.enc_cls] if two_stage else [])]:
             nn.init.constant_(cls.bias, prior)
 
-    def forward(self, bev: Tensor) -> Tuple[List[Tensor], List[Tensor]]:
-        """bev (B, Q, C) -> per layer: logits (B, nq, K), codes (B, nq, 10)."""
+    def positional_query(self, ref: Tensor) -> Tensor:
+        """Two-stage positional query of reference points (B, nq, 2) -> (B, nq, C)."""
+        c = self.pos_mlp[0].in_features
+        return self.pos_mlp(coordinate_to_encoding(ref, num_feats=c // 2))
+
+    def proposals(self, bev: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """Per-cell proposals of the BEV map (B, Q, C): logits (B, Q, K), codes (B, Q, 10),
+        and the projected cell features (B, Q, C)."""
+        memory = self.memory_proj(bev)
+        cells = bev_reference_points(*self.bev_hw, bev.device).to(bev.dtype)
+        codes = refine_codes(cells.expand(bev.shape[0], -1, -1), self.enc_reg(memory))
+        return self.enc_cls(memory), codes, memory
+
+    def initial_queries(self, bev: Tensor) -> Tuple[Tensor, Tensor, Tensor, List[Tensor]]:
+        """Content (B, nq, C), positional query (B, nq, C) and reference points
+        (B, nq, 2) of the first decoder layer, plus the proposal outputs (two-stage) or []."""
         b = bev.shape[0]
-        pos, query = self.query_embedding.weight.chunk(2, -1)
-        pos, query = pos[None].expand(b, -1, -1), query[None].expand(b, -1, -1)
-        ref = self.ref_points(pos).sigmoid()
-        all_cls, all_codes = [], []
-        for layer, cls_b, reg_b in zip(self.layers, self.cls_branches, self.reg_branches):
+        if not self.two_stage:
+            pos, query = self.query_embedding.weight.chunk(2, -1)
+            pos, query = pos[None].expand(b, -1, -1), query[None].expand(b, -1, -1)
+            return query, pos, self.ref_points(pos).sigmoid(), []
+        logits, codes, memory = self.proposals(bev)
+        k = min(self.num_queries, logits.shape[1])
+        top = logits.max(-1).values.topk(k, dim=1).indices
+        ref = codes[..., :2].gather(1, top[..., None].expand(-1, -1, 2)).detach()
+        query = memory.gather(1, top[..., None].expand(-1, -1, memory.shape[-1])).detach()
+        return query, self.positional_query(ref), ref, [logits, codes]
+
+    def forward(self, bev: Tensor) -> Tuple[List[Tensor], List[Tensor]]:
+        """bev (B, Q, C) -> per layer: logits (B, nq, K), codes (B, nq, 10).
+
+        With ``two_stage`` the lists start with the proposals (B, Q, K), (B, Q, 10).
+        """
+        query, pos, ref, enc = self.initial_queries(bev)
+        all_cls, all_codes = enc[:1], enc[1:]
+        for i, (layer, cls_b, reg_b) in enumerate(
+            zip(self.layers, self.cls_branches, self.reg_branches)
+        ):
+            if self.two_stage and i > 0:
+                pos = self.positional_query(ref)
             query = layer(query, pos, bev, ref, self.bev_hw)
-            delta = reg_b(query)
-            uv = (inverse_sigmoid(ref) + delta[..., :2]).sigmoid()
-            codes = torch.cat([uv, delta[..., 2:3].sigmoid(), delta[..., 3:]], -1)
+            codes = refine_codes(ref, reg_b(query))
             all_cls.append(cls_b(query))
             all_codes.append(codes)
-            ref = uv.detach()
+            ref = codes[..., :2].detach()
         return all_cls, all_codes
 
     @torch.no_grad()
@@ -189,7 +258,7 @@ class BEVDetrHead(BaseModule):
         neg = (1 - alpha) * prob.pow(gamma) * -(1 - prob + 1e-8).log()
         pos = alpha * (1 - prob).pow(gamma) * -(prob + 1e-8).log()
         cost = self.cls_cost_weight * (pos - neg)
-        w = self.code_weights[:8]
+        w = self.match_code_weights
         cost = cost + self.reg_cost_weight * torch.cdist(codes[:, :8] * w, targets[:, :8] * w, p=1)
         rows, cols = linear_sum_assignment(cost.float().cpu().numpy())
         dev = logits.device
@@ -219,9 +288,8 @@ class BEVDetrHead(BaseModule):
         """Losses of every decoder layer; ``gt``: InstanceData with bboxes_3d (N, 9), labels_3d."""
         all_cls, all_codes = self(bev)
         losses: Dict[str, Tensor] = {}
-        last = len(all_cls) - 1
-        for i, (logits, codes) in enumerate(zip(all_cls, all_codes)):
-            prefix = "" if i == last else f"d{i}."
+        prefixes = ["enc."] * self.two_stage + [f"d{i}." for i in range(len(self.layers) - 1)]
+        for prefix, logits, codes in zip(prefixes + [""], all_cls, all_codes):
             losses[f"{prefix}loss_cls"], losses[f"{prefix}loss_bbox"] = self.loss_single(
                 logits, codes, gt
             )
