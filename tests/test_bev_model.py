@@ -267,12 +267,19 @@ def test_bev_configs_build(name: str) -> None:
     assert "npudet.models.bev" in cfg.custom_imports.imports
     assert cfg.model.backbone.init_cfg is None  # nothing is downloaded
     assert cfg.val_evaluator.type == "BEVDetMetric"
-    if name.startswith("bev-small"):
-        init_default_scope("mmdet")
-        cfg.model.msda.decoder = "grid_sample"
-        model = MODELS.build(cfg.model)
-        assert model.msda_impls == {"encoder": "auto", "decoder": "grid_sample"}
-        assert model.bbox_head.layers[0].cross_attn.impl == "grid_sample"
+    init_default_scope("mmdet")
+    cfg.model.msda.decoder = "grid_sample"
+    model = MODELS.build(cfg.model)
+    assert model.msda_impls == {"encoder": "auto", "decoder": "grid_sample"}
+    assert model.bbox_head.layers[0].cross_attn.impl == "grid_sample"
+    # one training step on a random 6-camera batch: the config's parts fit together
+    model.init_weights()
+    model.train()
+    data = model.data_preprocessor(random_batch(b=1, t=2, n=6), True)
+    losses = model(**data, mode="loss")
+    assert all(torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+    assert model.encoder.layers[0].sca.value_proj.weight.grad.abs().sum() > 0
 
 
 def sca_test_cameras(b: int = 2, n: int = 3) -> torch.Tensor:

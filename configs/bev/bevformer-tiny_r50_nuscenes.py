@@ -38,6 +38,7 @@ model = dict(
         embed_dims=embed_dims,
         num_layers=3,
         num_heads=8,
+        num_levels=1,
         num_cams=6,
         sca_points=8,
         tsa_points=4,
@@ -54,6 +55,8 @@ model = dict(
         bev_h=bev_h,
         bev_w=bev_w,
         pc_range=pc_range,
+        match_code_weights=None,
+        two_stage=False,
         max_per_img=300))
 
 data_root = 'data/nuscenes/'
