@@ -49,7 +49,7 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
         text=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (log,) = glob.glob(str(work / "*" / "vis_data" / "*.json"))
+    (log,) = glob.glob(str(work / "*" / "vis_data" / "scalars.json"))
     with open(log) as f:
         final = [json.loads(line) for line in f if "bev/mAP" in line][-1]
     assert final["bev/mAP"] >= max(0.03, 10 * before["bev/mAP"]), (before, final)
