@@ -9,9 +9,10 @@
 //   out      (B, Q, NH, D)
 // Design (each choice can be switched off by a variant bit, so its worth can be measured):
 //   * nothing sampled is materialised: per output row (b, q, h) the corners of all its
-//     levels x points are planned (offsets, weights, software prefetch of the rows:
-//     kNoPrefetch turns the prefetch off) one row ahead of their use, then weighted and
-//     accumulated in a register accumulator (forward) or scattered at once (backward);
+//     levels x points are planned (offsets, weights, software prefetch of the rows and,
+//     kStreamAhead rows ahead, of the per-row inputs: kNoPrefetch turns both off) one row
+//     ahead of their use, then weighted and accumulated in a register accumulator
+//     (forward) or scattered at once (backward);
 //   * kFused: the four corners of a sample are read in ONE pass over D (out-of-map corners
 //     read a zero row / write a sink row); without it, one pass per corner;
 //   * work is ordered query by query, all heads of a query in turn (their rows of a pixel
@@ -96,6 +97,18 @@ inline void prefetch_row(const T* row, int64_t D) {
   }
 }
 
+// The per-row input streams (sampling locations, attention weights, the output gradient)
+// are prefetched this many rows ahead of their use: the corner-row prefetches keep the miss
+// buffers busy and the hardware prefetcher alone left these sequential loads missing (on
+// ddetr-enc they made the forward ~15% and the backward 15-20% faster, side by side).
+constexpr int64_t kStreamAhead = 4;
+
+// Prefetches row `row + kStreamAhead` of a (rows, count) stream, if it exists.
+template <typename T>
+inline void prefetch_ahead(const T* base, int64_t row, int64_t rows, int64_t count) {
+  if (row + kStreamAhead < rows) prefetch_row<0>(base + (row + kStreamAhead) * count, count);
+}
+
 // Plans row (b, q, h) and, when `prefetch`, prefetches its corner rows of value and (in
 // the backward, gvalue != nullptr) of the grad_value rows written at gvalue + off - gshift.
 template <typename T>
@@ -104,6 +117,7 @@ void plan_row(const T* value, const int64_t* shapes, const int64_t* starts, cons
               RowPlan<T>& plan, const T* gvalue = nullptr, int64_t gshift = 0) {
   const int64_t row_stride = d.NH * D;
   const int64_t s0 = (bq * d.NH + h) * d.L * d.P;
+  if (prefetch) prefetch_ahead(loc, bq * d.NH + h, d.B * d.Q * d.NH, 2 * d.L * d.P);
   for (int64_t l = 0; l < d.L; ++l) {
     const int64_t base = ((b * d.K + starts[l]) * d.NH + h) * D;
     for (int64_t p = 0; p < d.P; ++p) {
@@ -128,10 +142,12 @@ void plan_row(const T* value, const int64_t* shapes, const int64_t* starts, cons
 // row's plan.
 template <typename T, int DC, bool FUSED>
 inline void forward_row(const T* value, const T* attn, T* out, int64_t bq, int64_t h,
-                        const Dims& d, const RowPlan<T>& plan, const T* zeros, T* acc) {
+                        const Dims& d, const RowPlan<T>& plan, const T* zeros, T* acc,
+                        bool prefetch) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
   const T* a_row = attn + (bq * d.NH + h) * n;
+  if (prefetch) prefetch_ahead(attn, bq * d.NH + h, d.B * d.Q * d.NH, n);
   for (int64_t c = 0; c < D; ++c) acc[c] = T(0);
   for (int64_t i = 0; i < n; ++i) {
     if (!plan.valid[i]) continue;
@@ -233,7 +249,8 @@ void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, 
           plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, plan);
         },
         [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& plan) {
-          forward_row<T, DC, FUSED>(value, attn, out, bq, h, d, plan, zeros.data(), acc);
+          forward_row<T, DC, FUSED>(value, attn, out, bq, h, d, plan, zeros.data(), acc,
+                                    prefetch);
         });
   });
 }
@@ -339,9 +356,9 @@ inline void add_row(T* dst, const T* g, T w, int64_t Dd) {
 template <typename T>
 struct BackwardScratch {
   BackwardScratch(int64_t n, int64_t D)
-      : plans{RowPlan<T>(n), RowPlan<T>(n)}, zeros(D, T(0)), sink(D, T(0)), g(D) {}
+      : plans{RowPlan<T>(n), RowPlan<T>(n)}, zeros(D, T(0)), sink(D, T(0)) {}
   RowPlan<T> plans[2];
-  std::vector<T> zeros, sink, g;
+  std::vector<T> zeros, sink;
 };
 
 // Gradients of one output row (b, q, h) over all its levels and points, from the row's
@@ -349,12 +366,16 @@ struct BackwardScratch {
 template <typename T, int DC, bool FUSED, bool ATOMIC>
 inline void backward_row(const T* value, const int64_t* shapes, const T* attn, const T* gout,
                          T* gvalue, int64_t gshift, T* gloc, T* gattn, int64_t bq, int64_t h,
-                         const Dims& d, const RowPlan<T>& plan, BackwardScratch<T>& scratch) {
+                         const Dims& d, const RowPlan<T>& plan, BackwardScratch<T>& scratch,
+                         bool prefetch) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
   const int64_t row = bq * d.NH + h;
-  T* g = scratch.g.data();
-  std::copy(gout + row * D, gout + (row + 1) * D, g);
+  const T* g = gout + row * D;
+  if (prefetch) {
+    prefetch_ahead(gout, row, d.B * d.Q * d.NH, D);
+    prefetch_ahead(attn, row, d.B * d.Q * d.NH, n);
+  }
   const T* a_row = attn + row * n;
   T* ga_row = gattn + row * n;
   T* gl_row = gloc + 2 * row * n;
@@ -445,7 +466,8 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
       pipelined_rows<T>(d, false, begin, end, scratch.plans, plan_into(gvalue, 0),
                         [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& p) {
                           backward_row<T, DC, FUSED, true>(value, shapes, attn, gout, gvalue, 0,
-                                                           gloc, gattn, bq, h, d, p, scratch);
+                                                           gloc, gattn, bq, h, d, p, scratch,
+                                                           prefetch);
                         });
     });
     return;
@@ -470,7 +492,8 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
                             const bool own = b != shared_b;
                             backward_row<T, DC, FUSED, false>(
                                 value, shapes, attn, gout, own ? gvalue : copy,
-                                own ? 0 : b * slice, gloc, gattn, bq, h, d, p, scratch);
+                                own ? 0 : b * slice, gloc, gattn, bq, h, d, p, scratch,
+                                prefetch);
                           });
       }
     });
@@ -499,7 +522,8 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
         plan_row(value, shapes, starts, loc, b, b * d.Q + q, h, d, D, prefetch, scratch.plans[0],
                  target);
         backward_row<T, DC, FUSED, false>(value, shapes, attn, gout, target, 0, gloc, gattn,
-                                          b * d.Q + q, h, d, scratch.plans[0], scratch);
+                                          b * d.Q + q, h, d, scratch.plans[0], scratch,
+                                          prefetch);
       }
     }
   });
