@@ -1,5 +1,5 @@
 """tools/ablate.py: two implementations x 3 iterations of the small Deformable DETR, all
-outputs written; and the table arithmetic on hand-made records."""
+outputs written; the small BEV config too; and the table arithmetic on hand-made records."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import csv
 import json
 
 import pytest
-from plugin_util import SMALL_DETR, run_tool
+from plugin_util import ROOT, SMALL_DETR, run_tool
 
 from npudet.ablation.report import markdown_table, summarise
 from npudet.ablation.variants import Variant, parse_variants
@@ -60,6 +60,44 @@ def test_ablate_two_impls_three_iters(tiny_shapes, tmp_path):
     first = [records[impl]["loss"][0] for impl in records]
     assert first[0] == pytest.approx(first[1], rel=1e-5)
     assert "| grid_sample |" in proc.stdout and "| cpu |" in proc.stdout
+
+
+def test_ablate_bev_config(tmp_path):
+    from npudet.datasets.synthetic_bev import make_bev_dataset
+
+    data_root = f"{tmp_path}/bev/"
+    make_bev_dataset(data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4)
+    work = tmp_path / "ablate"
+    proc = run_tool(
+        [
+            "tools/ablate.py",
+            f"{ROOT}/configs/bev/bev-small_r18_synthetic.py",
+            "--impls",
+            "grid_sample,cpu",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--work-dir",
+            str(work),
+            "--cfg-options",
+            f"train_dataloader.dataset.data_root={data_root}",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(work / "ablation.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["variant"] for r in rows] == ["grid_sample", "cpu"]
+    for row in rows:
+        assert float(row["iter_ms"]) > 0 and 0 < float(row["msda_share"]) < 100
+    losses = []
+    for impl in ("grid_sample", "cpu"):
+        with open(work / impl / "round0" / "record.json") as f:
+            record = json.load(f)
+        assert record["msda_impls"] == {"encoder": impl, "decoder": impl}
+        assert record["msda_calls"] > 0
+        losses.append(record["loss"][0])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
 def test_ablate_bad_impls_one_line(tmp_path):
