@@ -64,14 +64,16 @@ inline bool corners(T lx, T ly, int64_t H, int64_t W, int64_t row_stride, int64_
   const T yf = std::floor(y);
   const int64_t x0 = static_cast<int64_t>(xf);
   const int64_t y0 = static_cast<int64_t>(yf);
-  fx = x - xf;
-  fy = y - yf;
-  const T gx = T(1) - fx;
-  const T gy = T(1) - fy;
-  w[0] = gy * gx;
-  w[1] = gy * fx;
-  w[2] = fy * gx;
-  w[3] = fy * fx;
+  // Locals, stored once: computed through the references, every use reloaded them (w
+  // may alias fx / fy), a store-to-load chain that showed in profiles.
+  const T ax = x - xf, ay = y - yf;
+  const T bx = T(1) - ax, by = T(1) - ay;
+  fx = ax;
+  fy = ay;
+  w[0] = by * bx;
+  w[1] = by * ax;
+  w[2] = ay * bx;
+  w[3] = ay * ax;
   const bool xa = x0 >= 0, xb = x0 + 1 < W, ya = y0 >= 0, yb = y0 + 1 < H;
   off[0] = (ya && xa) ? (y0 * W + x0) * row_stride : -1;
   off[1] = (ya && xb) ? (y0 * W + x0 + 1) * row_stride : -1;
