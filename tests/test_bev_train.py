@@ -5,13 +5,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from plugin_util import ROOT
+from plugin_util import ROOT, run_tool
 
 CONFIG = os.path.join(ROOT, "configs", "bev", "bev-small_r18_synthetic.py")
+LOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
 
 
 def untrained_metrics(data_root: str, work_dir: str) -> dict:
@@ -21,7 +20,7 @@ def untrained_metrics(data_root: str, work_dir: str) -> dict:
 
     cfg = Config.fromfile(CONFIG)
     cfg.work_dir = work_dir
-    for key in ("train_dataloader", "val_dataloader", "test_dataloader"):
+    for key in LOADERS:
         cfg[key].dataset.data_root = data_root
     runner = Runner.from_cfg(cfg)
     runner.model.init_weights()
@@ -37,16 +36,9 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
     make_bev_dataset(data_root)
     before = untrained_metrics(data_root, str(tmp_path / "untrained"))
     work = tmp_path / "train"
-    roots = " ".join(
-        f"{k}.dataset.data_root={data_root}"
-        for k in ("train_dataloader", "val_dataloader", "test_dataloader")
-    )
-    proc = subprocess.run(
-        [sys.executable, "tools/train.py", CONFIG, "--work-dir", str(work), "--cfg-options"]
-        + roots.split(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    roots = [f"{key}.dataset.data_root={data_root}" for key in LOADERS]
+    proc = run_tool(
+        ["tools/train.py", CONFIG, "--work-dir", str(work), "--cfg-options", *roots], timeout=1500
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (log,) = glob.glob(str(work / "*" / "vis_data" / "scalars.json"))
