@@ -48,6 +48,7 @@ constexpr int64_t kPrivateBudgetBytes = int64_t(1) << 28;
 
 struct Dims {
   int64_t B, K, NH, D, L, Q, P;
+  int64_t rows() const { return B * Q * NH; }  // output rows (b, q, h)
 };
 
 // Bilinear corners of one sample, as element offsets relative to the level's first row
@@ -119,7 +120,7 @@ void plan_row(const T* value, const int64_t* shapes, const int64_t* starts, cons
               RowPlan<T>& plan, const T* gvalue = nullptr, int64_t gshift = 0) {
   const int64_t row_stride = d.NH * D;
   const int64_t s0 = (bq * d.NH + h) * d.L * d.P;
-  if (prefetch) prefetch_ahead(loc, bq * d.NH + h, d.B * d.Q * d.NH, 2 * d.L * d.P);
+  if (prefetch) prefetch_ahead(loc, bq * d.NH + h, d.rows(), 2 * d.L * d.P);
   for (int64_t l = 0; l < d.L; ++l) {
     const int64_t base = ((b * d.K + starts[l]) * d.NH + h) * D;
     for (int64_t p = 0; p < d.P; ++p) {
@@ -149,7 +150,7 @@ inline void forward_row(const T* value, const T* attn, T* out, int64_t bq, int64
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
   const T* a_row = attn + (bq * d.NH + h) * n;
-  if (prefetch) prefetch_ahead(attn, bq * d.NH + h, d.B * d.Q * d.NH, n);
+  if (prefetch) prefetch_ahead(attn, bq * d.NH + h, d.rows(), n);
   for (int64_t c = 0; c < D; ++c) acc[c] = T(0);
   for (int64_t i = 0; i < n; ++i) {
     if (!plan.valid[i]) continue;
@@ -375,8 +376,8 @@ inline void backward_row(const T* value, const int64_t* shapes, const T* attn, c
   const int64_t row = bq * d.NH + h;
   const T* g = gout + row * D;
   if (prefetch) {
-    prefetch_ahead(gout, row, d.B * d.Q * d.NH, D);
-    prefetch_ahead(attn, row, d.B * d.Q * d.NH, n);
+    prefetch_ahead(gout, row, d.rows(), D);
+    prefetch_ahead(attn, row, d.rows(), n);
   }
   const T* a_row = attn + row * n;
   T* ga_row = gattn + row * n;
