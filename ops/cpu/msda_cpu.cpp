@@ -12,7 +12,8 @@
 //     levels x points are planned (offsets, weights, software prefetch of the rows and,
 //     kStreamAhead rows ahead, of the per-row inputs: kNoPrefetch turns both off) one row
 //     ahead of their use, then weighted and accumulated in a register accumulator
-//     (forward) or scattered at once (backward);
+//     (forward) or scattered at once (backward); the fractions and weights of a row's
+//     samples are computed together in one branch-free loop the compiler vectorises;
 //   * kFused: the four corners of a sample are read in ONE pass over D (out-of-map corners
 //     read a zero row / write a sink row); without it, one pass per corner;
 //   * work is ordered query by query, all heads of a query in turn (their rows of a pixel
@@ -51,46 +52,35 @@ struct Dims {
   int64_t rows() const { return B * Q * NH; }  // output rows (b, q, h)
 };
 
-// Bilinear corners of one sample, as element offsets relative to the level's first row
-// (-1 = outside). Returns false when no corner lies inside the map (also for NaN/inf,
-// which fail every comparison). x = -1 is kept: its right corner has weight 0 but a
-// gradient, exactly as in grid_sample.
+// Per-sample constants of a row, the same for every row: sample i of a row lies on level
+// i / P, of W x H pixels whose first pixel row starts `level` elements after (b, h)'s.
 template <typename T>
-inline bool corners(T lx, T ly, int64_t H, int64_t W, int64_t row_stride, int64_t* off,
-                    T* w, T& fx, T& fy) {
-  const T x = lx * static_cast<T>(W) - T(0.5);
-  const T y = ly * static_cast<T>(H) - T(0.5);
-  if (!(y >= T(-1) && x >= T(-1) && y < static_cast<T>(H) && x < static_cast<T>(W))) return false;
-  const T xf = std::floor(x);
-  const T yf = std::floor(y);
-  const int64_t x0 = static_cast<int64_t>(xf);
-  const int64_t y0 = static_cast<int64_t>(yf);
-  // Locals, stored once: computed through the references, every use reloaded them (w
-  // may alias fx / fy), a store-to-load chain that showed in profiles.
-  const T ax = x - xf, ay = y - yf;
-  const T bx = T(1) - ax, by = T(1) - ay;
-  fx = ax;
-  fy = ay;
-  w[0] = by * bx;
-  w[1] = by * ax;
-  w[2] = ay * bx;
-  w[3] = ay * ax;
-  const bool xa = x0 >= 0, xb = x0 + 1 < W, ya = y0 >= 0, yb = y0 + 1 < H;
-  off[0] = (ya && xa) ? (y0 * W + x0) * row_stride : -1;
-  off[1] = (ya && xb) ? (y0 * W + x0 + 1) * row_stride : -1;
-  off[2] = (yb && xa) ? ((y0 + 1) * W + x0) * row_stride : -1;
-  off[3] = (yb && xb) ? ((y0 + 1) * W + x0 + 1) * row_stride : -1;
-  return true;
-}
+struct SampleTable {
+  SampleTable(const int64_t* shapes, const int64_t* starts, const Dims& d)
+      : Hf(d.L * d.P), Wf(d.L * d.P), H(d.L * d.P), W(d.L * d.P), level(d.L * d.P) {
+    for (int64_t i = 0; i < d.L * d.P; ++i) {
+      const int64_t l = i / d.P;
+      Hf[i] = static_cast<T>(shapes[2 * l]);
+      Wf[i] = static_cast<T>(shapes[2 * l + 1]);
+      H[i] = shapes[2 * l];
+      W[i] = shapes[2 * l + 1];
+      level[i] = starts[l] * d.NH * d.D;
+    }
+  }
+  std::vector<T> Hf, Wf;
+  std::vector<int64_t> H, W, level;
+};
 
 // The planned samples of one output row (b, q, h): absolute element offsets of the four
-// corner rows (shared by value and grad_value), bilinear weights and fractions.
+// corner rows (shared by value and grad_value; -1 = outside the map), bilinear weights
+// (w[k * n + i] for corner k of sample i; all zero when the sample misses the map) and
+// fractions.
 template <typename T>
 struct RowPlan {
-  explicit RowPlan(int64_t n) : off(4 * n), w(4 * n), fx(n), fy(n), valid(n) {}
+  explicit RowPlan(int64_t n) : off(4 * n), w(4 * n), fx(n), fy(n), x0(n), y0(n), in(n) {}
   std::vector<int64_t> off;
   std::vector<T> w, fx, fy;
-  std::vector<char> valid;
+  std::vector<int32_t> x0, y0, in;
 };
 
 template <int WRITE, typename T>
@@ -112,31 +102,71 @@ inline void prefetch_ahead(const T* base, int64_t row, int64_t rows, int64_t cou
   if (row + kStreamAhead < rows) prefetch_row<0>(base + (row + kStreamAhead) * count, count);
 }
 
+// Fractions, weights, top-left corners and in-map flags of a row's n samples (x, y
+// interleaved in xy), branch-free so that the compiler vectorises it.
+template <typename T>
+inline void plan_samples(const T* __restrict xy, const T* __restrict Hf, const T* __restrict Wf,
+                         int64_t n, T* __restrict w, T* __restrict fx, T* __restrict fy,
+                         int32_t* __restrict x0, int32_t* __restrict y0,
+                         int32_t* __restrict in) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T xr = xy[2 * i] * Wf[i] - T(0.5);
+    const T yr = xy[2 * i + 1] * Hf[i] - T(0.5);
+    const bool inside = (yr >= T(-1)) & (xr >= T(-1)) & (yr < Hf[i]) & (xr < Wf[i]);
+    const T x = inside ? xr : T(0), y = inside ? yr : T(0);
+    const T xf = std::floor(x), yf = std::floor(y);
+    const T ax = x - xf, ay = y - yf;
+    const T m = inside ? T(1) : T(0);
+    const T bx = m - m * ax, by = T(1) - ay;
+    fx[i] = ax;
+    fy[i] = ay;
+    w[i] = by * bx;
+    w[n + i] = by * (m * ax);
+    w[2 * n + i] = ay * bx;
+    w[3 * n + i] = ay * (m * ax);
+    x0[i] = static_cast<int32_t>(xf);
+    y0[i] = static_cast<int32_t>(yf);
+    in[i] = inside;
+  }
+}
+
 // Plans row (b, q, h) and, when `prefetch`, prefetches its corner rows of value and (in
 // the backward, gvalue != nullptr) of the grad_value rows written at gvalue + off - gshift.
+// Semantics of grid_sample(bilinear, zeros, align_corners=False): x = loc_x * W - 0.5; a
+// sample with no corner inside the map (also NaN/inf, which fail every comparison) gets
+// zero weights and no corners. x = -1 is kept: its right corner has weight 0 but a
+// gradient, exactly as in grid_sample. The fractions and weights are computed for all
+// samples of the row at once in a branch-free loop the compiler vectorises.
 template <typename T>
-void plan_row(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
-              int64_t b, int64_t bq, int64_t h, const Dims& d, int64_t D, bool prefetch,
-              RowPlan<T>& plan, const T* gvalue = nullptr, int64_t gshift = 0) {
+void plan_row(const T* value, const SampleTable<T>& tab, const T* loc, int64_t b, int64_t bq,
+              int64_t h, const Dims& d, int64_t D, bool prefetch, RowPlan<T>& plan,
+              const T* gvalue = nullptr, int64_t gshift = 0) {
+  const int64_t n = d.L * d.P;
+  const int64_t row = bq * d.NH + h;
+  if (prefetch) prefetch_ahead(loc, row, d.rows(), 2 * n);
+  plan_samples(loc + 2 * row * n, tab.Hf.data(), tab.Wf.data(), n, plan.w.data(), plan.fx.data(),
+               plan.fy.data(), plan.x0.data(), plan.y0.data(), plan.in.data());
+  const int32_t* x0 = plan.x0.data();
+  const int32_t* y0 = plan.y0.data();
+  const int32_t* in = plan.in.data();
   const int64_t row_stride = d.NH * D;
-  const int64_t s0 = (bq * d.NH + h) * d.L * d.P;
-  if (prefetch) prefetch_ahead(loc, bq * d.NH + h, d.rows(), 2 * d.L * d.P);
-  for (int64_t l = 0; l < d.L; ++l) {
-    const int64_t base = ((b * d.K + starts[l]) * d.NH + h) * D;
-    for (int64_t p = 0; p < d.P; ++p) {
-      const int64_t i = l * d.P + p;
-      const T* xy = loc + 2 * (s0 + i);
-      int64_t* off = &plan.off[4 * i];
-      plan.valid[i] = corners(xy[0], xy[1], shapes[2 * l], shapes[2 * l + 1], row_stride, off,
-                              &plan.w[4 * i], plan.fx[i], plan.fy[i]);
-      if (!plan.valid[i]) continue;
-      for (int k = 0; k < 4; ++k) {
-        if (off[k] < 0) continue;
-        off[k] += base;
-        if (!prefetch) continue;
-        prefetch_row<0>(value + off[k], D);
-        if (gvalue != nullptr) prefetch_row<1>(gvalue + (off[k] - gshift), D);
-      }
+  const int64_t first = (b * d.K * d.NH + h) * D;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t* off = &plan.off[4 * i];
+    const int64_t W = tab.W[i];
+    const int64_t H = tab.H[i];
+    const int64_t px = x0[i], py = y0[i];
+    const int64_t o = first + tab.level[i] + (py * W + px) * row_stride;
+    const bool xa = px >= 0, xb = px + 1 < W, ya = in[i] && py >= 0, yb = in[i] && py + 1 < H;
+    off[0] = (ya && xa) ? o : -1;
+    off[1] = (ya && xb) ? o + row_stride : -1;
+    off[2] = (yb && xa) ? o + W * row_stride : -1;
+    off[3] = (yb && xb) ? o + (W + 1) * row_stride : -1;
+    if (!prefetch) continue;
+    for (int k = 0; k < 4; ++k) {
+      if (off[k] < 0) continue;
+      prefetch_row<0>(value + off[k], D);
+      if (gvalue != nullptr) prefetch_row<1>(gvalue + (off[k] - gshift), D);
     }
   }
 }
@@ -153,10 +183,10 @@ inline void forward_row(const T* value, const T* attn, T* out, int64_t bq, int64
   if (prefetch) prefetch_ahead(attn, bq * d.NH + h, d.rows(), n);
   for (int64_t c = 0; c < D; ++c) acc[c] = T(0);
   for (int64_t i = 0; i < n; ++i) {
-    if (!plan.valid[i]) continue;
+    if (!plan.in[i]) continue;
     const int64_t* off = &plan.off[4 * i];
-    const T* w = &plan.w[4 * i];
     const T a = a_row[i];
+    const T w[4] = {plan.w[i], plan.w[n + i], plan.w[2 * n + i], plan.w[3 * n + i]};
     if (FUSED) {
       const T* v0 = off[0] >= 0 ? value + off[0] : zeros;
       const T* v1 = off[1] >= 0 ? value + off[1] : zeros;
@@ -239,6 +269,7 @@ void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, 
                   const T* attn, T* out, const Dims& d, bool prefetch, bool head_major) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
+  const SampleTable<T> tab(shapes, starts, d);
   const int64_t grain = head_major ? 1 : std::max<int64_t>(1, 256 / (d.NH * n));
   at::parallel_for(0, num_items(d, head_major), grain, [&](int64_t begin, int64_t end) {
     RowPlan<T> plans[2] = {RowPlan<T>(n), RowPlan<T>(n)};
@@ -249,7 +280,7 @@ void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, 
     pipelined_rows<T>(
         d, head_major, begin, end, plans,
         [&](int64_t b, int64_t bq, int64_t h, RowPlan<T>& plan) {
-          plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, plan);
+          plan_row(value, tab, loc, b, bq, h, d, D, prefetch, plan);
         },
         [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& plan) {
           forward_row<T, DC, FUSED>(value, attn, out, bq, h, d, plan, zeros.data(), acc,
@@ -383,14 +414,14 @@ inline void backward_row(const T* value, const int64_t* shapes, const T* attn, c
   T* ga_row = gattn + row * n;
   T* gl_row = gloc + 2 * row * n;
   for (int64_t i = 0; i < n; ++i) {
-    if (!plan.valid[i]) {
+    if (!plan.in[i]) {
       ga_row[i] = T(0);
       gl_row[2 * i] = T(0);
       gl_row[2 * i + 1] = T(0);
       continue;
     }
     const int64_t* off = &plan.off[4 * i];
-    const T* w = &plan.w[4 * i];
+    const T w[4] = {plan.w[i], plan.w[n + i], plan.w[2 * n + i], plan.w[3 * n + i]};
     const T a = a_row[i];
     T dots[4] = {0, 0, 0, 0};
     if (FUSED && !ATOMIC) {
@@ -436,6 +467,7 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
                    int64_t variant) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
+  const SampleTable<T> tab(shapes, starts, d);
   const bool prefetch = !(variant & kNoPrefetch);
   const bool head_major = variant & kHeadMajor;
   const int64_t slice = d.K * d.NH * D;  // grad_value elements of one batch entry
@@ -443,7 +475,7 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
   auto plan_into = [&](const T* target, int64_t shift) {
     return [&, target, shift](int64_t b, int64_t bq, int64_t h, RowPlan<T>& p) {
-      plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, p, target, shift);
+      plan_row(value, tab, loc, b, bq, h, d, D, prefetch, p, target, shift);
     };
   };
   // Private strategy: thread t takes the t-th contiguous range of items and writes
@@ -487,7 +519,7 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
         T* copy = copies[t].data();
         auto plan = [&](int64_t b, int64_t bq, int64_t h, RowPlan<T>& p) {
           const bool own = b != shared_b;
-          plan_row(value, shapes, starts, loc, b, bq, h, d, D, prefetch, p, own ? gvalue : copy,
+          plan_row(value, tab, loc, b, bq, h, d, D, prefetch, p, own ? gvalue : copy,
                    own ? 0 : b * slice);
         };
         pipelined_rows<T>(d, head_major, r0, r1, scratch.plans, plan,
@@ -522,7 +554,7 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
       T* target = chunk == 0 ? gvalue : copies.data() + (chunk - 1) * numel;
       const int64_t q0 = d.Q * chunk / chunks, q1 = d.Q * (chunk + 1) / chunks;
       for (int64_t q = q0; q < q1; ++q) {
-        plan_row(value, shapes, starts, loc, b, b * d.Q + q, h, d, D, prefetch, scratch.plans[0],
+        plan_row(value, tab, loc, b, b * d.Q + q, h, d, D, prefetch, scratch.plans[0],
                  target);
         backward_row<T, DC, FUSED, false>(value, shapes, attn, gout, target, 0, gloc, gattn,
                                           b * d.Q + q, h, d, scratch.plans[0], scratch,
@@ -567,6 +599,8 @@ Prepared prepare(const at::Tensor& value, const at::Tensor& spatial_shapes,
   int64_t total = 0;
   for (int64_t l = 0; l < d.L; ++l) {
     TORCH_CHECK(sh[2 * l] > 0 && sh[2 * l + 1] > 0, "spatial_shapes: expected positive (H, W)");
+    TORCH_CHECK(sh[2 * l] < (int64_t(1) << 31) && sh[2 * l + 1] < (int64_t(1) << 31),
+                "spatial_shapes: expected H and W below 2**31 (corners are int32 pixel indices)");
     TORCH_CHECK(st[l] == total, "level_start_index: expected cumulative H*W of spatial_shapes");
     total += sh[2 * l] * sh[2 * l + 1];
   }
