@@ -135,8 +135,7 @@ inline void plan_samples(const T* __restrict xy, const T* __restrict Hf, const T
 // Semantics of grid_sample(bilinear, zeros, align_corners=False): x = loc_x * W - 0.5; a
 // sample with no corner inside the map (also NaN/inf, which fail every comparison) gets
 // zero weights and no corners. x = -1 is kept: its right corner has weight 0 but a
-// gradient, exactly as in grid_sample. The fractions and weights are computed for all
-// samples of the row at once in a branch-free loop the compiler vectorises.
+// gradient, exactly as in grid_sample.
 template <typename T>
 void plan_row(const T* value, const SampleTable<T>& tab, const T* loc, int64_t b, int64_t bq,
               int64_t h, const Dims& d, int64_t D, bool prefetch, RowPlan<T>& plan,
@@ -398,7 +397,7 @@ struct BackwardScratch {
 // Gradients of one output row (b, q, h) over all its levels and points, from the row's
 // plan. grad_value rows are written at gvalue + (offset - gshift).
 template <typename T, int DC, bool FUSED, bool ATOMIC>
-inline void backward_row(const T* value, const int64_t* shapes, const T* attn, const T* gout,
+inline void backward_row(const T* value, const SampleTable<T>& tab, const T* attn, const T* gout,
                          T* gvalue, int64_t gshift, T* gloc, T* gattn, int64_t bq, int64_t h,
                          const Dims& d, const RowPlan<T>& plan, BackwardScratch<T>& scratch,
                          bool prefetch) {
@@ -441,8 +440,7 @@ inline void backward_row(const T* value, const int64_t* shapes, const T* attn, c
         add_row<T, DC, ATOMIC>(gvalue + (off[k] - gshift), g, a * w[k], D);
       }
     }
-    const int64_t l = i / d.P;
-    const T H = static_cast<T>(shapes[2 * l]), W = static_cast<T>(shapes[2 * l + 1]);
+    const T H = tab.Hf[i], W = tab.Wf[i];
     const T fx = plan.fx[i], fy = plan.fy[i];
     ga_row[i] = w[0] * dots[0] + w[1] * dots[1] + w[2] * dots[2] + w[3] * dots[3];
     const T gx = (T(1) - fy) * (dots[1] - dots[0]) + fy * (dots[3] - dots[2]);
@@ -500,7 +498,7 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
       BackwardScratch<T> scratch(n, D);
       pipelined_rows<T>(d, false, begin, end, scratch.plans, plan_into(gvalue, 0),
                         [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& p) {
-                          backward_row<T, DC, FUSED, true>(value, shapes, attn, gout, gvalue, 0,
+                          backward_row<T, DC, FUSED, true>(value, tab, attn, gout, gvalue, 0,
                                                            gloc, gattn, bq, h, d, p, scratch,
                                                            prefetch);
                         });
@@ -526,7 +524,7 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
                           [&](int64_t b, int64_t bq, int64_t h, const RowPlan<T>& p) {
                             const bool own = b != shared_b;
                             backward_row<T, DC, FUSED, false>(
-                                value, shapes, attn, gout, own ? gvalue : copy,
+                                value, tab, attn, gout, own ? gvalue : copy,
                                 own ? 0 : b * slice, gloc, gattn, bq, h, d, p, scratch,
                                 prefetch);
                           });
@@ -556,7 +554,7 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
       for (int64_t q = q0; q < q1; ++q) {
         plan_row(value, tab, loc, b, b * d.Q + q, h, d, D, prefetch, scratch.plans[0],
                  target);
-        backward_row<T, DC, FUSED, false>(value, shapes, attn, gout, target, 0, gloc, gattn,
+        backward_row<T, DC, FUSED, false>(value, tab, attn, gout, target, 0, gloc, gattn,
                                           b * d.Q + q, h, d, scratch.plans[0], scratch,
                                           prefetch);
       }
