@@ -12,8 +12,8 @@ import types
 import pytest
 import torch
 
-from npudet.ops.msda.registry import assume_packages
 from npudet.utils import current_device_type, device_name, npu_available
+from npudet.utils.packages import assume_packages
 
 
 class StandInTorchNPU(types.ModuleType):

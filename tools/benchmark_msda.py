@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npudet.ops import msda_impls, multi_scale_deformable_attn  # noqa: E402
-from npudet.ops.msda import get_impl, validate_inputs  # noqa: E402
+from npudet.ops.msda import get_impl, msda_variants, validate_inputs  # noqa: E402
 from npudet.ops.msda.cases import CASES, make_inputs, parse_case  # noqa: E402
 
 BASELINE = "grid_sample"
@@ -177,7 +177,8 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument(
         "--impls",
         default=None,
-        help="comma list (default: every implementation usable here that takes the inputs)",
+        help="comma list of names from msda_impls() or msda_variants() (default: every "
+        "implementation and experiment variant usable here that takes the inputs)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds per case")
@@ -190,7 +191,7 @@ def main(argv: List[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.repeat < 1:
         parser.error("--repeat: expected a positive integer")
-    available = msda_impls()
+    available = msda_impls() + msda_variants()
     impls = args.impls.split(",") if args.impls else available
     unknown = [name for name in impls if name not in available]
     if unknown:

@@ -1,7 +1,7 @@
 """Which accelerator this machine has.
 
-``torch_npu`` is imported only when asked about, through the op registry's package probe
-(``npudet.ops.msda.registry.importable``), so tests can state which packages import.
+``torch_npu`` is imported only when asked about, through the package probe
+(``npudet.utils.packages.importable``), so tests can state which packages import.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from npudet.ops.msda.registry import importable
+from .packages import importable
 
 
 def npu_available() -> bool:

@@ -4,6 +4,7 @@ from . import (  # noqa: F401  (register)
     cpu_impl,
     gather_impl,
     grid_sample_impl,
+    mmcv_impl,
     npu_impl,
     triton_impl,
 )
@@ -14,7 +15,9 @@ from .registry import (
     auto_order,
     get_impl,
     msda_impls,
+    msda_variants,
     register,
+    register_variant,
     registered_impls,
     select_impl,
 )
@@ -25,8 +28,10 @@ __all__ = [
     "auto_order",
     "get_impl",
     "msda_impls",
+    "msda_variants",
     "multi_scale_deformable_attn",
     "register",
+    "register_variant",
     "registered_impls",
     "select_impl",
     "validate_inputs",

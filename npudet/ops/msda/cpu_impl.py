@@ -1,8 +1,9 @@
 """``cpu``: the fused C++/OpenMP kernel (``ops/cpu/msda_cpu.cpp``) as torch custom ops.
 
-Variants expose the kernel's design choices so the benchmark can price each one:
-``cpu`` (fused 4-corner pass, prefetched corner rows, contention-free backward: private
-per-thread grad_value copies while they are small, else (batch, head) ownership),
+Experiment variants (``msda_variants()``, not ``msda_impls()``) expose the kernel's
+design choices so the benchmark and the ablation tool can price each one: ``cpu`` (fused
+4-corner pass, prefetched corner rows, contention-free backward: private per-thread
+grad_value copies while they are small, else (batch, head) ownership),
 ``cpu_atomic`` (backward parallel over queries with atomic adds into grad_value),
 ``cpu_owner`` (always the (batch, head) ownership partition), ``cpu_corner`` (one pass
 over the channels per corner instead of one for all four), ``cpu_noprefetch`` and
@@ -17,7 +18,7 @@ from typing import List, Tuple
 import torch
 
 from .native_build import load_extension
-from .registry import MSDAImpl, register
+from .registry import MSDAImpl, register, register_variant
 
 # Variant bits, as in ops/cpu/msda_cpu.cpp.
 FUSED = 1
@@ -174,12 +175,13 @@ class CPUHeadMajorImpl(CPUImpl):
     VARIANT = FUSED | HEAD_MAJOR
 
 
-for _impl in (
-    CPUImpl(),
+register(CPUImpl())
+# Experiment variants: selectable by name, not listed by msda_impls(), never taken by auto.
+for _variant in (
     CPUAtomicImpl(),
     CPUOwnerImpl(),
     CPUCornerImpl(),
     CPUNoPrefetchImpl(),
     CPUHeadMajorImpl(),
 ):
-    register(_impl)
+    register_variant(_variant)

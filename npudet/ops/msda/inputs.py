@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -135,11 +137,32 @@ def validate_inputs(
     )
 
 
+# spatial_shapes -> (level_start_index, both tensors' in-place write counts, num_keys) of
+# the last layout whose values were checked. Weak keys: a freed tensor's id can be reused.
+_checked_layouts: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
 def _check_levels(
     spatial_shapes: torch.Tensor, level_start_index: torch.Tensor, num_keys: int
 ) -> None:
-    shapes = spatial_shapes.detach().cpu().tolist()
-    starts = level_start_index.detach().cpu().tolist()
+    """Check the level layout's values, reading them to the host once per distinct tensor pair.
+
+    A later call with the same two tensors, unmodified (``_version`` counts in-place
+    writes), and the same ``num_keys`` reads nothing: no device-to-host sync per call.
+    Inference tensors have no write count, so they are read on every call.
+    """
+    trackable = not (spatial_shapes.is_inference() or level_start_index.is_inference())
+    if trackable:
+        state = (spatial_shapes._version, level_start_index._version, num_keys)
+        checked = _checked_layouts.get(spatial_shapes)
+        if checked is not None and checked[0]() is level_start_index and checked[1] == state:
+            return
+    num_levels = spatial_shapes.shape[0]
+    # Both tensors in one host read.
+    flat = torch.cat((spatial_shapes.detach().reshape(-1), level_start_index.detach()))
+    values = flat.long().tolist()
+    shapes = [values[2 * i : 2 * i + 2] for i in range(num_levels)]
+    starts = values[2 * num_levels :]
     if any(h <= 0 or w <= 0 for h, w in shapes):
         raise ValueError(f"spatial_shapes: expected positive (H, W) per level, got {shapes}")
     sizes = [h * w for h, w in shapes]
@@ -154,3 +177,5 @@ def _check_levels(
             f"level_start_index: expected {expected} (cumulative H*W of spatial_shapes), "
             f"got {starts}"
         )
+    if trackable:
+        _checked_layouts[spatial_shapes] = (weakref.ref(level_start_index), state)

@@ -2,19 +2,26 @@
 
 Each implementation states why it cannot run on this machine (``unavailable_reasons``)
 and why it cannot take a given call (``not_supported_reasons``). ``auto`` walks the
-priority list of the inputs' device and takes the first with no reasons; when nothing
-fits, the error lists every candidate with its reasons.
+priority list of the inputs' device, reordered by recorded measurements
+(``verification.measured_order``), and takes the first with no reasons whose results it
+has verified on this device (``verification.verdict``); when nothing fits, the error
+lists every candidate with its reasons. A name given explicitly is used as it is, without
+verification.
+
+Experiment variants (``register_variant``: the ``cpu`` kernel with one design choice
+changed) have names of their own, listed by ``msda_variants()`` and not by
+``msda_impls()``; ``auto`` never takes them, but ``get_impl``, ``impl=`` and the benchmark
+and ablation tools accept their names.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import logging
-from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import torch
 
+from . import verification
 from .inputs import MSDAInputs
 
 logger = logging.getLogger("npudet")
@@ -59,53 +66,18 @@ class MSDAImpl:
 
 
 _REGISTRY: Dict[str, MSDAImpl] = {}
+_VARIANTS: Set[str] = set()
 
 # Fastest first; only names registered and usable are considered.
 AUTO_PRIORITY: Dict[str, List[str]] = {
     "cpu": ["cpu", "gather", "grid_sample"],
-    "cuda": ["triton", "gather", "grid_sample"],
+    # mmcv's kernel is the proven one; triton moves ahead only on a recorded measurement.
+    "cuda": ["mmcv", "triton", "gather", "grid_sample"],
     "npu": ["npu_vendor", "triton", "gather", "grid_sample"],
 }
 DEFAULT_PRIORITY: List[str] = ["gather", "grid_sample"]
 
 _announced: set = set()
-
-_versions: Dict[str, Optional[str]] = {}
-_assumed: Optional[Mapping[str, str]] = None
-
-
-def package_version(package: str) -> Optional[str]:
-    """``package.__version__`` ("" if it has none) when ``import package`` succeeds, else None.
-
-    Tried once per process, then cached. Inside ``assume_packages`` the answer comes from
-    the assumed mapping instead, so selection can be tested as a pure function.
-    """
-    if _assumed is not None:
-        return _assumed.get(package)
-    if package not in _versions:
-        try:
-            module = importlib.import_module(package)
-        except Exception:  # absent, or present but broken (no driver, ABI mismatch)
-            _versions[package] = None
-        else:
-            _versions[package] = str(getattr(module, "__version__", ""))
-    return _versions[package]
-
-
-def importable(package: str) -> bool:
-    """Whether ``import package`` succeeds here (see ``package_version``)."""
-    return package_version(package) is not None
-
-
-@contextlib.contextmanager
-def assume_packages(versions: Mapping[str, str]) -> Iterator[None]:
-    """Within the block exactly these packages import, at these versions; nothing is imported."""
-    global _assumed
-    previous, _assumed = _assumed, dict(versions)
-    try:
-        yield
-    finally:
-        _assumed = previous
 
 
 @torch.compiler.assume_constant_result
@@ -119,33 +91,69 @@ def register(impl: MSDAImpl) -> MSDAImpl:
     if not impl.NAME:
         raise ValueError("impl.NAME: expected a non-empty name")
     _REGISTRY[impl.NAME] = impl
+    _VARIANTS.discard(impl.NAME)
+    return impl
+
+
+def register_variant(impl: MSDAImpl) -> MSDAImpl:
+    """Add an experiment variant: selectable by name, never listed by ``msda_impls()``."""
+    register(impl)
+    _VARIANTS.add(impl.NAME)
     return impl
 
 
 def get_impl(name: str) -> MSDAImpl:
-    """The registered implementation called ``name``."""
+    """The registered implementation or experiment variant called ``name``."""
     if name not in _REGISTRY:
+        public = sorted(set(_REGISTRY) - _VARIANTS)
         raise ValueError(
             f"impl: unknown MSDA implementation {name!r}; expected 'auto' or one of "
-            f"{sorted(_REGISTRY)}"
+            f"{public} (experiment variants: {sorted(_VARIANTS)})"
         )
     return _REGISTRY[name]
 
 
 def registered_impls() -> List[str]:
-    """Every registered name, usable here or not."""
+    """Every registered name, variants included, usable here or not."""
     return sorted(_REGISTRY)
 
 
 def msda_impls() -> List[str]:
-    """Names of the implementations usable on this machine."""
-    return [name for name in sorted(_REGISTRY) if not _unavailable(name)]
+    """Names of the implementations usable on this machine (no experiment variants)."""
+    return [name for name in sorted(_REGISTRY) if name not in _VARIANTS and not _unavailable(name)]
 
 
-def auto_order(device_type: str) -> List[str]:
-    """The ``auto`` candidates for a device type, fastest first."""
-    order = AUTO_PRIORITY.get(device_type, DEFAULT_PRIORITY)
-    return [name for name in order if name in _REGISTRY]
+def msda_variants() -> List[str]:
+    """Names of the experiment variants usable on this machine."""
+    return [name for name in sorted(_VARIANTS) if not _unavailable(name)]
+
+
+def auto_order(device_type: str, dtype: Optional[torch.dtype] = None) -> List[str]:
+    """The ``auto`` candidates for a device type, fastest first.
+
+    Without ``dtype``, the static priority; with it, reordered by the verifications
+    recorded for this device (``verification.measured_order``).
+    """
+    if dtype is None:
+        return _static_order(device_type)
+    return list(_measured_order(device_type, verification.dtype_name(dtype)))
+
+
+def _static_order(device_type: str) -> List[str]:
+    return [n for n in AUTO_PRIORITY.get(device_type, DEFAULT_PRIORITY) if n in _REGISTRY]
+
+
+@torch.compiler.assume_constant_result
+def _measured_order(device_type: str, dtype: str) -> tuple:
+    """``auto_order(device_type, dtype)``; a constant to ``torch.compile``."""
+    return tuple(verification.measured_order(_static_order(device_type), device_type, dtype))
+
+
+def _verdict(name: str, device_type: str, dtype: torch.dtype) -> str:
+    """Empty if ``auto`` may trust ``name`` here, else why not; a constant when compiling."""
+    if torch.compiler.is_compiling():
+        return verification.known_verdict(name, device_type, verification.dtype_name(dtype))
+    return verification.verdict(name, device_type, dtype)
 
 
 def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
@@ -160,11 +168,15 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
             )
         return chosen
     rejected = []
-    for name in auto_order(inputs.device_type):
+    for name in auto_order(inputs.device_type, inputs.dtype):
         reasons = _REGISTRY[name].not_supported_reasons(inputs)
         if not reasons:
+            error = _verdict(name, inputs.device_type, inputs.dtype)
+            reasons = [f"failed verification: {error}"] if error else []
+        if not reasons:
             key = (inputs.device_type, name, tuple(r for r, _ in rejected))
-            if key not in _announced:
+            # Logging does not trace; a compiled call's choice is the eager one's.
+            if not torch.compiler.is_compiling() and key not in _announced:
                 _announced.add(key)
                 skipped = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected)
                 logger.info(
