@@ -1,20 +1,30 @@
 """Which implementation takes an NPU call: a pure function of the call and the packages.
 
 No NPU here: calls are described by ``MSDAInputs(device_type="npu", ...)`` and the
-packages that import are stated with ``assume_packages``; nothing is run or imported.
+packages that import are stated with ``assume_packages``; nothing is imported. The routes'
+argument plumbing runs on CPU tensors against stand-ins for the vendor functions.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import types
 
 import pytest
 import torch
+from msda_util import random_inputs
 
-from npudet.ops.msda import MSDAInputs, auto_order, get_impl, registry, select_impl
-from npudet.ops.msda.npu_impl import vendor_route
-from npudet.ops.msda.registry import assume_packages
+from npudet.ops.msda import (
+    MSDAInputs,
+    auto_order,
+    get_impl,
+    registry,
+    select_impl,
+    validate_inputs,
+)
+from npudet.ops.msda.npu_impl import ROUTES, VendorRoute, vendor_route
+from npudet.utils.packages import assume_packages
 
 TORCH_NPU = {"torch_npu": "2.6.0"}
 MX = {**TORCH_NPU, "mx_driving": "7.1.0"}
@@ -22,8 +32,8 @@ TRITON = {"triton": "3.2.0"}
 MMCV_22 = {**TORCH_NPU, "mmcv": "2.2.0", "mmcv._ext": ""}
 
 
-def npu_call(dtype=torch.float32, heads=8, dim=32, levels=4, points=4) -> MSDAInputs:
-    """A Deformable-DETR-like call (bs 2, 300 queries) on an NPU."""
+def npu_call(dtype=torch.float32, heads=8, dim=32, levels=4, points=4, queries=300) -> MSDAInputs:
+    """A Deformable-DETR-like call (bs 2, 300 queries by default) on an NPU."""
     return MSDAInputs(
         device_type="npu",
         dtype=dtype,
@@ -32,7 +42,7 @@ def npu_call(dtype=torch.float32, heads=8, dim=32, levels=4, points=4) -> MSDAIn
         num_heads=heads,
         head_dim=dim,
         num_levels=levels,
-        num_queries=300,
+        num_queries=queries,
         num_points=points,
         requires_grad=True,
     )
@@ -52,7 +62,9 @@ def test_npu_priority_order():
     [
         (MX, {}, "npu_vendor"),
         ({**MX, **TRITON}, {}, "npu_vendor"),
-        ({**MX, **TRITON}, dict(dtype=torch.bfloat16), "npu_vendor"),
+        ({**MX, **TRITON}, dict(dtype=torch.bfloat16), "npu_vendor"),  # cast to float32
+        ({**MX, **TRITON}, dict(dtype=torch.float16), "npu_vendor"),
+        ({**MX, **TRITON}, dict(queries=1), "npu_vendor"),
         ({**MX, **TRITON}, dict(heads=16), "triton"),
         ({**MX, **TRITON}, dict(dim=36), "triton"),
         ({**MX, **TRITON}, dict(dim=264), "triton"),
@@ -65,7 +77,12 @@ def test_npu_priority_order():
         ({"mx_driving": "7.1.0", **TRITON}, {}, "triton"),  # no torch_npu: no vendor path
         (MMCV_22, {}, "npu_vendor"),
         (MMCV_22, dict(dtype=torch.float16), "npu_vendor"),
-        (MMCV_22, dict(dtype=torch.bfloat16), "gather"),
+        (MMCV_22, dict(dtype=torch.bfloat16), "npu_vendor"),  # cast to float32
+        (MMCV_22, dict(queries=31), "gather"),
+        (MMCV_22, dict(queries=500_000), "gather"),
+        (MMCV_22, dict(levels=17), "gather"),
+        (MMCV_22, dict(dim=40), "npu_vendor"),
+        (MMCV_22, dict(dim=36), "gather"),
         (MMCV_22, dict(heads=2), "gather"),
         (MMCV_22, dict(points=2), "gather"),
         (MMCV_22, dict(dim=16), "gather"),
@@ -126,3 +143,133 @@ def test_auto_logs_its_choice_once(monkeypatch, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1
     assert "using 'triton'" in messages[0] and "npu_vendor: mx_driving: head_dim 36" in messages[0]
+
+
+def test_route_limits_match_the_shipped_packages():
+    """Pinned to what the wheels and CANN's documentation state (see ``npu_impl``'s docstring).
+
+    mx_driving 26.2.0.post2: op info float32 only; binding refuses head_dim > 256 and
+    levels * points > 64; documented heads <= 8, head_dim % 8 == 0. mmcv >= 2.2: heads
+    [4, 8], head_dim [32, 256], points [4, 8]; its aclnn kernel: head_dim % 8 == 0,
+    32 <= num_queries < 500000, levels <= 16.
+    """
+    mx, mmcv = ROUTES["mx_driving"], ROUTES["mmcv"]
+    assert mx == VendorRoute(
+        "mx_driving",
+        kernel_dtypes=(torch.float32,),
+        heads=(1, 8),
+        head_dim=(1, 256),
+        head_dim_multiple=8,
+        points=(1, None),
+        max_levels=None,
+        max_levels_x_points=64,
+        queries=(1, None),
+    )
+    assert mmcv == VendorRoute(
+        "mmcv",
+        kernel_dtypes=(torch.float32,),
+        heads=(4, 8),
+        head_dim=(32, 256),
+        head_dim_multiple=8,
+        points=(4, 8),
+        max_levels=16,
+        max_levels_x_points=None,
+        queries=(32, 499_999),
+    )
+    assert set(ROUTES) == {"mx_driving", "mmcv"}  # torch_npu exposes no MSDA op of its own
+
+
+@pytest.mark.parametrize(
+    ("route", "call", "expected"),
+    [
+        ("mx_driving", dict(heads=8, dim=256, levels=16, points=4), []),
+        ("mx_driving", dict(dim=264), ["head_dim 264 > 256"]),
+        ("mx_driving", dict(levels=8, points=9), ["num_levels * num_points = 72 > 64"]),
+        ("mmcv", dict(heads=4, dim=32, points=8, levels=16, queries=32), []),
+        ("mmcv", dict(heads=3), ["num_heads 3 < 4"]),
+        ("mmcv", dict(points=9), ["num_points 9 > 8"]),
+        ("mmcv", dict(queries=499_999), []),
+        ("mmcv", dict(queries=500_000), ["num_queries 500000 > 499999"]),
+        ("mmcv", dict(levels=17), ["num_levels 17 > 16"]),
+        ("mmcv", dict(dim=44), ["head_dim 44 not a multiple of 8"]),
+    ],
+)
+def test_route_reasons_at_the_bounds(route, call, expected):
+    assert ROUTES[route].reasons(npu_call(**call)) == [f"{route}: {r}" for r in expected]
+
+
+class _StandIn:
+    """A stand-in for a vendor module: records its arguments, computes with grid_sample."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, value, shapes, starts, loc, attn, *rest):
+        self.calls.append((value, shapes, starts, loc, attn, rest))
+        return get_impl("grid_sample").forward(value, shapes.long(), starts.long(), loc, attn)
+
+
+@pytest.fixture(params=["mx_driving", "mmcv"])
+def vendor_stand_in(request, monkeypatch):
+    """Route name and stand-in kernel; the route is chosen through assume_packages."""
+    stand_in = _StandIn()
+    if request.param == "mx_driving":
+        module = types.ModuleType("mx_driving")
+        module.multi_scale_deformable_attn = stand_in
+        monkeypatch.setitem(sys.modules, "mx_driving", module)
+        packages = MX
+    else:
+        module = types.ModuleType("mmcv.ops.multi_scale_deform_attn")
+        module.MultiScaleDeformableAttnFunction = types.SimpleNamespace(apply=stand_in)
+        for name in ("mmcv", "mmcv.ops"):  # stand-in parents: the real mmcv is not imported
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        packages = MMCV_22
+    with assume_packages(packages):
+        yield request.param, stand_in
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_forward_hands_the_kernel_float32_and_contiguous_int32(vendor_stand_in, dtype):
+    """Plumbing only (CPU tensors, a stand-in kernel): dtypes, layout and gradients' way back."""
+    route, stand_in = vendor_stand_in
+    value, shapes, starts, loc, attn = random_inputs(dim=8, low=0.0, high=1.0)
+    shapes = torch.cat((shapes, shapes)).t().contiguous().t()[: len(starts)]  # non-contiguous
+    assert not shapes.is_contiguous() and shapes.dtype == torch.int64
+    leaves = [t.to(dtype).requires_grad_() for t in (value, loc, attn)]
+    out = get_impl("npu_vendor").forward(leaves[0], shapes, starts, leaves[1], leaves[2])
+    (args,) = stand_in.calls
+    for tensor in (args[0], args[3], args[4]):
+        assert tensor.dtype == torch.float32 and tensor.is_contiguous()
+    for tensor in (args[1], args[2]):
+        assert tensor.dtype == torch.int32 and tensor.is_contiguous()
+    assert args[5] == (() if route == "mx_driving" else (64,))
+    assert out.dtype == dtype
+    grads = torch.autograd.grad(out.float().sum(), leaves)
+    assert [g.dtype for g in grads] == [dtype] * 3
+    want = get_impl("grid_sample").forward(value, shapes, starts, loc, attn)
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(out.float(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dim", ["bs", "keys", "heads", "head_dim", "levels", "queries", "points"])
+def test_empty_inputs_never_reach_the_vendor_kernel(vendor_stand_in, dim):
+    _, stand_in = vendor_stand_in
+    sizes = dict(batch=2, queries=5, heads=2, dim=8, points=2)
+    inputs = list(random_inputs(**sizes))
+    value, shapes, starts, loc, attn = inputs
+    if dim == "keys":
+        inputs[0] = value[:, :0]
+    elif dim == "levels":
+        inputs[1:] = [shapes[:0], starts[:0], loc[:, :, :, :0], attn[:, :, :, :0]]
+    else:
+        axis = {"bs": (0, 0, 0), "heads": (2, 2, 2), "head_dim": (3, None, None)}
+        axis.update({"queries": (None, 1, 1), "points": (None, 4, 4)})
+        for index, ax in zip((0, 3, 4), axis[dim]):
+            if ax is not None:
+                inputs[index] = inputs[index].narrow(ax, 0, 0)
+    with pytest.raises(ValueError, match="empty"):
+        validate_inputs(*inputs)
+    with pytest.raises(ValueError, match="non-empty"):
+        get_impl("npu_vendor").forward(*inputs)
+    assert not stand_in.calls

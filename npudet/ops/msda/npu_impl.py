@@ -1,24 +1,111 @@
 """``npu_vendor``: Ascend's own MSDA kernels on NPU tensors.
 
-Prefers DrivingSDK's ``mx_driving.multi_scale_deformable_attn``; without it, mmcv's
-``MultiScaleDeformableAttnFunction``, whose NPU kernel (aclnn) exists from mmcv 2.2 on
-(mmcv 2.1 has none; mmdet 3.3 refuses mmcv >= 2.2, so that route needs a patched stack).
-Each route's documented limits become ``not_supported_reasons``, so ``auto`` falls back
-to ``triton`` or ``gather`` outside them. Nothing is imported until a route is probed.
+Two routes, each declaring what its package really ships (read from the wheels):
+
+- ``mx_driving`` (DrivingSDK, e.g. 26.2.0.post2 for torch 2.6-2.8 on Atlas A2): the op info
+  for ascend910b and ascend910_93 declares ``MultiScaleDeformableAttn(Grad)`` for float32
+  value / locations / weights and int32 shapes / start index only; its C++ binding refuses
+  head_dim > 256 and levels * points > 64; its Python wrapper casts to float32 only under
+  autocast and raises on empty tensors. Its documentation adds heads <= 8, head_dim % 8 == 0.
+- ``mmcv`` >= 2.2 (mmdet 3.3 refuses it, so a patched stack): ``ms_deform_attn_npu.cpp``
+  checks float32/float16, heads in [4, 8], head_dim in [32, 256], points in [4, 8], then
+  calls CANN's ``aclnnMultiScaleDeformableAttnFunction``, documented for A2/A3 with
+  head_dim % 8 == 0 and <= 256, 32 <= num_queries < 500000, levels, heads, points <= 16.
+
+``torch_npu`` itself exposes no MSDA op (none in 2.6.0, 2.6.0.post5, 2.8.0.post5, 2.14.0),
+so CANN's aclnn kernel is reachable only through mmcv.
+
+Both routes run float32 kernels. float16 / bfloat16 inputs are cast to float32 here and the
+output cast back (autograd casts the gradients back), rather than declined: the vendor
+kernel stays the NPU path under mixed precision, as mmcv's own NPU forward does. The cost:
+float32 copies of value, locations and weights held for backward (35 MB at the ddetr-enc
+benchmark case) and eight elementwise casts moving about 150 MB per forward+backward there,
+about 0.1 ms at the 910B's HBM bandwidth (estimated, not measured). Shapes and start index
+are passed as contiguous int32. Each route's limits become ``not_supported_reasons``, so
+``auto`` falls back to ``triton`` or ``gather`` outside them. Nothing is imported until a
+route is probed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
 
+from npudet.utils.packages import importable, package_version
+
 from .inputs import MSDAInputs
-from .registry import MSDAImpl, importable, package_version, register
+from .registry import MSDAImpl, register
 
 MX_DRIVING = "mx_driving"
 MMCV = "mmcv"
 _MMCV_IM2COL_STEP = 64
+
+
+@dataclass(frozen=True)
+class VendorRoute:
+    """What one vendor kernel accepts; bounds are inclusive, ``None`` means unbounded."""
+
+    name: str
+    kernel_dtypes: Tuple[torch.dtype, ...]
+    heads: Tuple[int, Optional[int]] = (1, None)
+    head_dim: Tuple[int, Optional[int]] = (1, None)
+    head_dim_multiple: int = 1
+    points: Tuple[int, Optional[int]] = (1, None)
+    max_levels: Optional[int] = None
+    max_levels_x_points: Optional[int] = None
+    queries: Tuple[int, Optional[int]] = (1, None)
+
+    def reasons(self, inputs: MSDAInputs) -> List[str]:
+        """Why this kernel cannot take a call of these sizes ([] if it can)."""
+        reasons = []
+        for label, size, (low, high) in (
+            ("num_heads", inputs.num_heads, self.heads),
+            ("head_dim", inputs.head_dim, self.head_dim),
+            ("num_points", inputs.num_points, self.points),
+            ("num_queries", inputs.num_queries, self.queries),
+        ):
+            if size < low:
+                reasons.append(f"{self.name}: {label} {size} < {low}")
+            if high is not None and size > high:
+                reasons.append(f"{self.name}: {label} {size} > {high}")
+        if inputs.head_dim % self.head_dim_multiple:
+            reasons.append(
+                f"{self.name}: head_dim {inputs.head_dim} not a multiple of "
+                f"{self.head_dim_multiple}"
+            )
+        if self.max_levels is not None and inputs.num_levels > self.max_levels:
+            reasons.append(f"{self.name}: num_levels {inputs.num_levels} > {self.max_levels}")
+        product = inputs.num_levels * inputs.num_points
+        if self.max_levels_x_points is not None and product > self.max_levels_x_points:
+            reasons.append(
+                f"{self.name}: num_levels * num_points = {product} > {self.max_levels_x_points}"
+            )
+        return reasons
+
+
+ROUTES = {
+    MX_DRIVING: VendorRoute(
+        MX_DRIVING,
+        kernel_dtypes=(torch.float32,),
+        heads=(1, 8),
+        head_dim=(1, 256),
+        head_dim_multiple=8,
+        max_levels_x_points=64,
+    ),
+    # mmcv's own checks, narrowed further by the aclnn kernel's documented limits.
+    MMCV: VendorRoute(
+        MMCV,
+        kernel_dtypes=(torch.float32,),
+        heads=(4, 8),
+        head_dim=(32, 256),
+        head_dim_multiple=8,
+        points=(4, 8),
+        max_levels=16,
+        queries=(32, 499_999),
+    ),
+}
 
 
 def _version_tuple(version: str) -> Tuple[int, ...]:
@@ -41,36 +128,13 @@ def vendor_route() -> Optional[str]:
     return None
 
 
-def _mx_driving_reasons(inputs: MSDAInputs) -> List[str]:
-    """DrivingSDK's documented limits (heads <= 8, head_dim % 8 == 0 and <= 256, L*P <= 64)."""
-    reasons = []
-    if inputs.num_heads > 8:
-        reasons.append(f"mx_driving: num_heads {inputs.num_heads} > 8")
-    if inputs.head_dim % 8:
-        reasons.append(f"mx_driving: head_dim {inputs.head_dim} not a multiple of 8")
-    if inputs.num_levels * inputs.num_points > 64:
-        reasons.append(
-            f"mx_driving: num_levels * num_points = {inputs.num_levels * inputs.num_points} > 64"
-        )
-    return reasons
-
-
-def _mmcv_reasons(inputs: MSDAInputs) -> List[str]:
-    """mmcv's NPU checks: float32/16, heads in [4, 8], head_dim in [32, 256], points in [4, 8]."""
-    reasons = []
-    if inputs.dtype not in (torch.float32, torch.float16):
-        reasons.append(f"mmcv npu: dtype {inputs.dtype} not in [float32, float16]")
-    if not 4 <= inputs.num_heads <= 8:
-        reasons.append(f"mmcv npu: num_heads {inputs.num_heads} not in [4, 8]")
-    if not 32 <= inputs.head_dim <= 256:
-        reasons.append(f"mmcv npu: head_dim {inputs.head_dim} not in [32, 256]")
-    if not 4 <= inputs.num_points <= 8:
-        reasons.append(f"mmcv npu: num_points {inputs.num_points} not in [4, 8]")
-    return reasons
+def int32_levels(tensor: torch.Tensor) -> torch.Tensor:
+    """``spatial_shapes`` / ``level_start_index`` as the contiguous int32 both kernels take."""
+    return tensor.to(torch.int32).contiguous()
 
 
 class NPUVendorImpl(MSDAImpl):
-    """Ascend vendor kernel (DrivingSDK, else mmcv >= 2.2) within its documented limits."""
+    """Ascend vendor kernel (DrivingSDK, else mmcv >= 2.2) within its declared limits."""
 
     NAME = "npu_vendor"
     DEVICES = ("npu",)
@@ -91,32 +155,36 @@ class NPUVendorImpl(MSDAImpl):
         reasons = super().not_supported_reasons(inputs)
         if reasons:
             return reasons
-        route = vendor_route()
-        return _mx_driving_reasons(inputs) if route == MX_DRIVING else _mmcv_reasons(inputs)
+        return ROUTES[vendor_route()].reasons(inputs)
 
     def forward(
         self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
     ):
-        if vendor_route() == MX_DRIVING:
+        # The op's validation rejects empty dimensions; this guards direct calls, since
+        # mx_driving raises a bare Exception on empty tensors.
+        if min(value.numel(), sampling_locations.numel()) == 0:
+            raise ValueError(
+                "value, sampling_locations: npu_vendor needs non-empty tensors, got shapes "
+                f"{tuple(value.shape)} and {tuple(sampling_locations.shape)}"
+            )
+        route = ROUTES[vendor_route()]
+        kernel_dtype = route.kernel_dtypes[0]
+        args = (
+            value.to(kernel_dtype).contiguous(),
+            int32_levels(spatial_shapes),
+            int32_levels(level_start_index),
+            sampling_locations.to(kernel_dtype).contiguous(),
+            attention_weights.to(kernel_dtype).contiguous(),
+        )
+        if route.name == MX_DRIVING:
             import mx_driving
 
-            return mx_driving.multi_scale_deformable_attn(
-                value,
-                spatial_shapes.int(),
-                level_start_index.int(),
-                sampling_locations,
-                attention_weights,
-            )
-        from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
+            out = mx_driving.multi_scale_deformable_attn(*args)
+        else:
+            from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
 
-        return MultiScaleDeformableAttnFunction.apply(
-            value,
-            spatial_shapes,
-            level_start_index,
-            sampling_locations,
-            attention_weights,
-            _MMCV_IM2COL_STEP,
-        )
+            out = MultiScaleDeformableAttnFunction.apply(*args, _MMCV_IM2COL_STEP)
+        return out.to(value.dtype)
 
 
 register(NPUVendorImpl())
