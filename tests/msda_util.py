@@ -1,29 +1,63 @@
-"""Shared input builders for the MSDA tests."""
+"""Shared input builders for the MSDA tests, and the device they run on.
+
+``NPUDET_TEST_DEVICE`` (``cpu`` by default, or ``cuda`` / ``npu``) is where the parity,
+gradcheck and validation tests run the implementations; the reference (``grid_sample``)
+always runs on the CPU. Every (implementation, device) pair a test runs is recorded in
+``EXERCISED``, which ``conftest.py`` prints at the end of the run.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+import dataclasses
+import os
+from typing import List, Sequence, Set, Tuple
+from unittest import mock
 
 import torch
 
-from npudet.ops import msda_impls, multi_scale_deformable_attn
+# npudet is imported inside the functions: conftest.py imports this module before it
+# decides on TRITON_INTERPRET.
 
 Inputs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
-# Every implementation under test is compared with this one.
+# Every implementation under test is compared with this one, run on the CPU.
 REFERENCE = "grid_sample"
 
+DEVICE_ENV = "NPUDET_TEST_DEVICE"
 
-def candidate_impls() -> list:
-    """Usable implementations, other than the reference, that take CPU float32 inputs."""
-    from npudet.ops.msda import get_impl, validate_inputs
+EXERCISED: Set[Tuple[str, str]] = set()
 
-    info = validate_inputs(*random_inputs())
-    return [
-        name
-        for name in msda_impls()
-        if name != REFERENCE and not get_impl(name).not_supported_reasons(info)
-    ]
+
+def requested_device() -> str:
+    """The device type the device-parametrised tests run on (``NPUDET_TEST_DEVICE``)."""
+    return os.environ.get(DEVICE_ENV, "cpu").strip().lower() or "cpu"
+
+
+DEVICE = requested_device()
+
+
+def device_impls(device: str = DEVICE) -> List[str]:
+    """Usable implementations that declare ``device`` (the reference included)."""
+    from npudet.ops.msda import get_impl, msda_impls
+
+    return [name for name in msda_impls() if device in get_impl(name).DEVICES]
+
+
+def candidate_impls(
+    dtype: torch.dtype = torch.float32, device: str = DEVICE, compiling: bool = False
+) -> list:
+    """Usable implementations, other than the reference, that take ``dtype`` on ``device``
+    (with ``compiling``: also inside ``torch.compile``, where some decline)."""
+    from npudet.ops.msda import get_impl, msda_impls, validate_inputs
+
+    info = validate_inputs(*random_inputs(dtype=dtype))
+    info = dataclasses.replace(info, device_type=device)
+    with mock.patch("torch.compiler.is_compiling", return_value=compiling):
+        return [
+            name
+            for name in msda_impls()
+            if name != REFERENCE and not get_impl(name).not_supported_reasons(info)
+        ]
 
 
 def level_layout(shapes: Sequence[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, int]:
@@ -56,12 +90,32 @@ def random_inputs(
     return value, spatial, starts, loc, attn
 
 
-def run(impl: str, inputs: Inputs, grad_seed: int = 1):
-    """Output and (grad value, grad locations, grad weights) of one implementation."""
-    value, spatial, starts, loc, attn = inputs
+def to_device(inputs: Sequence, device: str = DEVICE) -> tuple:
+    """``inputs`` on ``device`` (non-tensors, e.g. a list standing for a tensor, unchanged)."""
+    return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in inputs)
+
+
+def msda(*args, impl: str) -> torch.Tensor:
+    """``multi_scale_deformable_attn(*args, impl=impl)``; records (impl, device) when it ran."""
+    from npudet.ops import multi_scale_deformable_attn
+
+    out = multi_scale_deformable_attn(*args, impl=impl)
+    EXERCISED.add((impl, out.device.type))
+    return out
+
+
+def run(impl: str, inputs: Inputs, grad_seed: int = 1, device: str = "cpu"):
+    """Output and (grad value, grad locations, grad weights) of one implementation on
+    ``device``, returned on the CPU."""
+    value, spatial, starts, loc, attn = to_device(inputs, device)
     leaves = [t.detach().clone().requires_grad_() for t in (value, loc, attn)]
-    out = multi_scale_deformable_attn(leaves[0], spatial, starts, leaves[1], leaves[2], impl=impl)
+    out = msda(leaves[0], spatial, starts, leaves[1], leaves[2], impl=impl)
     gen = torch.Generator().manual_seed(grad_seed)
-    grad = torch.randn(out.shape, generator=gen, dtype=out.dtype)
+    grad = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(device)
     grads = torch.autograd.grad(out, leaves, grad)
-    return out, grads
+    return out.cpu(), tuple(g.cpu() for g in grads)
+
+
+def reference(inputs: Inputs, grad_seed: int = 1):
+    """``run`` of the reference implementation on the CPU."""
+    return run(REFERENCE, inputs, grad_seed, device="cpu")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from msda_util import random_inputs, run
+from msda_util import DEVICE, EXERCISED, candidate_impls, random_inputs, run, to_device
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from npudet.ops import multi_scale_deformable_attn
@@ -19,19 +19,30 @@ def _layer(impl):
     return fn
 
 
-@pytest.mark.parametrize(("impl", "backend"), [("cpu", "inductor"), ("gather", "aot_eager")])
+# On the CPU the fused kernel under inductor and gather under aot_eager; on a device run
+# (NPUDET_TEST_DEVICE) every implementation available there, against grid_sample on the CPU.
+COMPILED = (
+    [("cpu", "inductor"), ("gather", "aot_eager")]
+    if DEVICE == "cpu"
+    else [(name, "aot_eager") for name in candidate_impls(compiling=True)]
+)
+
+
+@pytest.mark.parametrize(("impl", "backend"), COMPILED)
 def test_compile_fullgraph_forward_and_backward(impl, backend):
     torch._dynamo.reset()
     value, spatial, starts, loc, attn = random_inputs(queries=6)
     logits = attn.flatten(-2).log()
-    leaves = [t.clone().requires_grad_() for t in (value, loc, logits)]
+    on_device = to_device((value, spatial, starts, loc, logits))
+    leaves = [on_device[i].clone().requires_grad_() for i in (0, 3, 4)]
     compiled = torch.compile(_layer(impl), fullgraph=True, backend=backend)
-    out = compiled(leaves[0], spatial, starts, leaves[1], leaves[2])
-    grads = torch.autograd.grad(out.sum(), leaves)
+    out = compiled(leaves[0], on_device[1], on_device[2], leaves[1], leaves[2])
+    EXERCISED.add((impl, out.device.type))
+    grads = [g.cpu() for g in torch.autograd.grad(out.sum(), leaves)]
     ref_leaves = [t.clone().requires_grad_() for t in (value, loc, logits)]
     ref = _layer("grid_sample")(ref_leaves[0], spatial, starts, ref_leaves[1], ref_leaves[2])
     ref_grads = torch.autograd.grad(ref.sum(), ref_leaves)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-4)
     for got, want in zip(grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
 

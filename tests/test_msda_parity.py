@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import pytest
 import torch
-from msda_util import REFERENCE, candidate_impls, level_layout, random_inputs, run
+from msda_util import (
+    DEVICE,
+    REFERENCE,
+    candidate_impls,
+    level_layout,
+    msda,
+    random_inputs,
+    reference,
+    run,
+    to_device,
+)
 
-from npudet.ops import msda_impls, multi_scale_deformable_attn
+from npudet.ops import msda_impls
+from npudet.ops.msda import msda_variants
 
+# Implementations taking each dtype on the test device (NPUDET_TEST_DEVICE, cpu by default).
 IMPLS = candidate_impls()
+IMPLS_F64 = candidate_impls(torch.float64)
+IMPLS_HALF = [(i, d) for d in (torch.float16, torch.bfloat16) for i in candidate_impls(d)]
 
 EDGE_CASES = {
     "basic": {},
@@ -31,13 +45,14 @@ EDGE_CASES = {
 
 
 def test_expected_impls_are_usable_here():
-    expected = {"grid_sample", "gather", "cpu", "cpu_atomic", "cpu_owner", "cpu_corner"}
-    assert expected | {"cpu_noprefetch", "cpu_headmajor"} <= set(msda_impls())
+    assert {"grid_sample", "gather", "cpu"} <= set(msda_impls())
+    variants = {"cpu_atomic", "cpu_owner", "cpu_corner", "cpu_noprefetch", "cpu_headmajor"}
+    assert set(msda_variants()) == variants and not variants & set(msda_impls())
 
 
 def assert_matches_reference(impl, inputs, rtol=1e-4, atol=1e-4):
-    out, grads = run(impl, inputs)
-    ref_out, ref_grads = run(REFERENCE, inputs)
+    out, grads = run(impl, inputs, device=DEVICE)
+    ref_out, ref_grads = reference(inputs)
     torch.testing.assert_close(out, ref_out, rtol=rtol, atol=atol)
     for name, got, want in zip(("value", "locations", "weights"), grads, ref_grads):
         scale = max(want.abs().max().item(), 1.0)
@@ -52,7 +67,7 @@ def test_float32_matches_grid_sample(impl, case):
     assert_matches_reference(impl, random_inputs(**EDGE_CASES[case]))
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl", IMPLS_F64)
 def test_exact_borders_match_grid_sample(impl):
     """Locations on pixel centres, pixel edges, the map edges and one pixel beyond.
 
@@ -94,18 +109,18 @@ def test_nan_locations_contribute_nothing(impl):
     loc = loc.clone()
     loc[:, 1] = float("nan")
     loc[:, 2, :, :, :, 0] = float("inf")
-    out, grads = run(impl, (value, spatial, starts, loc, attn))
+    out, grads = run(impl, (value, spatial, starts, loc, attn), device=DEVICE)
     assert torch.all(out[:, 1:3] == 0)
     assert torch.isfinite(out).all()
     assert torch.isfinite(grads[0]).all() and torch.isfinite(grads[2]).all()
     clean = loc.clone()
     clean[:, 1:3] = 5.0  # outside: contributes zero, exactly like NaN
     torch.testing.assert_close(
-        out, multi_scale_deformable_attn(value, spatial, starts, clean, attn, impl=impl)
+        out, msda(*to_device((value, spatial, starts, clean, attn)), impl=impl).cpu()
     )
 
 
-@pytest.mark.parametrize("impl", [*IMPLS, REFERENCE])
+@pytest.mark.parametrize("impl", [*IMPLS_F64, REFERENCE])
 def test_float64_gradcheck(impl):
     inputs = random_inputs(
         shapes=((3, 4), (2, 2)),
@@ -119,27 +134,25 @@ def test_float64_gradcheck(impl):
         high=0.95,
         seed=5,
     )
-    value, spatial, starts, loc, attn = [t.clone() for t in inputs]
+    value, spatial, starts, loc, attn = [t.clone() for t in to_device(inputs)]
     value.requires_grad_()
     loc.requires_grad_()
     attn.requires_grad_()
 
     def fn(v, l_, a):
-        return multi_scale_deformable_attn(v, spatial, starts, l_, a, impl=impl)
+        return msda(v, spatial, starts, l_, a, impl=impl)
 
     assert torch.autograd.gradcheck(fn, (value, loc, attn), eps=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("impl", "dtype"), IMPLS_HALF)
 def test_half_precision_inputs(impl, dtype):
     value, spatial, starts, loc, attn = random_inputs(dim=16, low=0.0, high=1.0)
-    want = multi_scale_deformable_attn(value, spatial, starts, loc, attn, impl=REFERENCE)
-    got = multi_scale_deformable_attn(
-        value.to(dtype), spatial, starts, loc.to(dtype), attn.to(dtype), impl=impl
-    )
+    want = msda(value, spatial, starts, loc, attn, impl=REFERENCE)
+    half = (value.to(dtype), spatial, starts, loc.to(dtype), attn.to(dtype))
+    got = msda(*to_device(half), impl=impl)
     assert got.dtype == dtype
-    torch.testing.assert_close(got.float(), want, rtol=5e-2, atol=5e-2)
+    torch.testing.assert_close(got.float().cpu(), want, rtol=5e-2, atol=5e-2)
 
 
 def test_auto_on_cpu_takes_the_fused_kernel():

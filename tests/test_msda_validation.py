@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from msda_util import random_inputs
+from msda_util import device_impls, msda, random_inputs, to_device
 
-from npudet.ops import msda_impls, multi_scale_deformable_attn
 from npudet.ops.msda import MSDAImpl, get_impl, register, select_impl, validate_inputs
 from npudet.ops.msda.registry import _REGISTRY
 
 
 def call(inputs, impl="auto"):
-    return multi_scale_deformable_attn(*inputs, impl=impl)
+    return msda(*inputs, impl=impl)
 
 
 def replaced(inputs, index, tensor):
@@ -42,11 +41,12 @@ BAD = {
 }
 
 
-@pytest.mark.parametrize("impl", ["auto", *msda_impls()])
+@pytest.mark.parametrize("impl", ["auto", *device_impls()])
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_names_the_argument(impl, case):
+    """On the test device (NPUDET_TEST_DEVICE), for every implementation it has."""
     index, change, error, name = BAD[case]
-    inputs = random_inputs()
+    inputs = to_device(random_inputs())
     with pytest.raises(error, match=name):
         call(replaced(inputs, index, change(inputs[index])), impl=impl)
 
@@ -64,17 +64,22 @@ def test_impl_that_cannot_take_the_inputs_says_why():
 
 
 class _Limited(MSDAImpl):
+    """``gather`` up to head_dim 32 (``auto`` checks it against grid_sample before use)."""
+
     NAME = "test_limited"
     DEVICES = ("cpu",)
-    MAX_HEAD_DIM = 4
+    MAX_HEAD_DIM = 32
+
+    def forward(self, *args):
+        return get_impl("gather").forward(*args)
 
 
 def test_auto_error_lists_every_candidate(monkeypatch):
     limited = _Limited()
     monkeypatch.setitem(_REGISTRY, limited.NAME, limited)
     monkeypatch.setattr("npudet.ops.msda.registry.AUTO_PRIORITY", {"cpu": [limited.NAME]})
-    info = validate_inputs(*random_inputs(dim=8))
-    with pytest.raises(ValueError, match=r"test_limited: head_dim 8 > 4"):
+    info = validate_inputs(*random_inputs(dim=33))
+    with pytest.raises(ValueError, match=r"test_limited: head_dim 33 > 32"):
         select_impl("auto", info)
     assert select_impl("auto", validate_inputs(*random_inputs(dim=4))) is limited
 
