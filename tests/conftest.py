@@ -1,15 +1,16 @@
 """Shared fixtures (a tiny generated shapes set) and the device the MSDA tests run on.
 
-``NPUDET_TEST_DEVICE=cuda`` (or ``npu``) runs the parity, gradcheck and validation tests on
-that device; an unavailable device stops the run before any test. The run ends with a line
-listing which implementations ran on which device.
+``NPUDET_TEST_DEVICE=cuda`` (or ``npu``) runs the parity, gradcheck, validation and
+torch.compile tests on that device (``msda_util.DEVICE``); an unavailable device stops the
+run before any test (checking it imports ``torch_npu``, which registers the ``npu`` device).
+The run ends with a line listing which implementations ran on which device.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import List, Optional
+from typing import List
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from msda_util import DEVICE, DEVICE_ENV, EXERCISED  # noqa: E402
 
+from npudet.utils.environment import device_problem  # noqa: E402
+
 # On the CPU without a GPU, Triton kernels run under its interpreter on CPU tensors. Set
 # before any kernel is decorated (npudet.ops.msda.triton_kernels is imported on first use);
 # never for a device run, whose Triton kernels must be compiled for the device.
@@ -25,23 +28,8 @@ if DEVICE == "cpu" and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _device_problem(device: str) -> Optional[str]:
-    """Why the requested test device cannot be used here (None if it can)."""
-    if device == "cpu":
-        return None
-    if device == "cuda":
-        return None if torch.cuda.is_available() else "torch.cuda.is_available() is False"
-    if device == "npu":
-        try:
-            import torch_npu
-        except Exception as exc:  # absent, or present but broken (no driver, ABI mismatch)
-            return f"torch_npu does not import ({exc})"
-        return None if torch_npu.npu.is_available() else "torch_npu.npu.is_available() is False"
-    return "expected cpu, cuda or npu"
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    problem = _device_problem(DEVICE)
+    problem = device_problem(DEVICE)
     if problem:
         raise pytest.UsageError(f"{DEVICE_ENV}={DEVICE}: device unavailable: {problem}")
 
