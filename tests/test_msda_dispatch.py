@@ -211,6 +211,12 @@ def test_record_file_of_another_format_is_refused(fresh):
         verification.load_records()
 
 
+def test_unreadable_record_file_leaves_auto_to_its_checks(fresh, gpu_named, gpu_kernels):
+    fresh.write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="ignoring .*verified.json"):
+        assert auto_order("cuda", torch.float32) == ["mmcv", "triton", "gather", "grid_sample"]
+
+
 class WrongForTest(MSDAImpl):
     """A deliberately wrong stand-in: gather's output scaled by 1.01."""
 
@@ -460,6 +466,13 @@ def test_variants_have_a_name_space_of_their_own():
     )
     with pytest.raises(ValueError, match=r"experiment variants: \['cpu_atomic'"):
         get_impl("cpu_fast")
+
+
+def test_ablation_default_takes_the_devices_own_implementations(gpu_kernels):
+    from npudet.ablation.variants import default_impls
+
+    assert default_impls("cpu") == "grid_sample,gather,cpu"
+    assert default_impls("cuda") == "grid_sample,gather,mmcv,triton"
 
 
 def test_op_library_imports_only_torch():

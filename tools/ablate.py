@@ -36,9 +36,10 @@ from npudet.ablation.report import (
     summarise,
     write_csv,
 )
-from npudet.ablation.variants import Variant, parse_variants
+from npudet.ablation.variants import Variant, default_impls, parse_variants
 from npudet.engine.cli import fail, run_checks
 from npudet.engine.preflight import check_data
+from npudet.utils import current_device_type
 
 
 def parse_args() -> argparse.Namespace:
@@ -46,9 +47,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("config", help="train config file path")
     parser.add_argument(
         "--impls",
-        default="grid_sample,gather,cpu",
+        default=None,
         help="comma-separated variants, the first is the baseline; NAME for every layer or "
-        "ENCODER/DECODER (default: grid_sample,gather,cpu)",
+        "ENCODER/DECODER, NAME from msda_impls() or an experiment variant from "
+        "msda_variants() (default: grid_sample,gather and the device's own: cpu on the CPU, "
+        "mmcv,triton on CUDA)",
     )
     parser.add_argument("--iters", type=int, default=20, help="training iterations per run")
     parser.add_argument("--work-dir", help="output dir (default: work_dirs/ablate/CONFIG)")
@@ -116,7 +119,7 @@ def main() -> None:
     if not os.path.isfile(args.config):
         fail(f"config file not found: {args.config}")
     try:
-        variants: List[Variant] = parse_variants(args.impls)
+        variants: List[Variant] = parse_variants(args.impls or default_impls(current_device_type()))
     except ValueError as err:
         fail(str(err))
     cfg = Config.fromfile(args.config)

@@ -52,3 +52,15 @@ def parse_variants(spec: str, key: str = "--impls") -> List[Variant]:
             raise ValueError(f"{key}: {variant.label!r} is listed twice")
         variants.append(variant)
     return variants
+
+
+def default_impls(device_type: str) -> str:
+    """The ``--impls`` default on ``device_type``: the baseline, ``gather``, then every other
+    usable implementation ``auto`` considers there (``cpu`` on the CPU; ``mmcv`` and
+    ``triton`` on CUDA; ``npu_vendor`` and ``triton`` on NPU), in ``auto``'s order."""
+    from npudet.ops.msda import auto_order, msda_impls
+
+    usable = set(msda_impls())
+    names = ["grid_sample", "gather"]
+    names += [n for n in auto_order(device_type) if n in usable and n not in names]
+    return ",".join(names)

@@ -1,20 +1,14 @@
-"""mmengine side of npudet: hooks (registered in mmdet's HOOKS) and checkpoint loading.
+"""mmengine side of npudet that is not a hook: checkpoint loading, CLI and run checks.
 
-Importing it (``custom_imports=dict(imports=['npudet.engine'])``) registers the hooks
-and allow-lists mmengine's checkpoint types for torch's weights-only loader.
+Importing it (``custom_imports=dict(imports=['npudet.engine'])``, as the configs do)
+allow-lists mmengine's checkpoint types for torch's weights-only loader and registers
+every npudet hook by importing ``npudet.hooks``.
 """
 
+import npudet.hooks  # noqa: F401  (registers the hooks the configs name)
+
 from .checkpoint import allow_mmengine_checkpoints
-from .coco_summary_hook import CocoSummaryHook, coco_table
-from .eval_progress_hook import EvalProgressHook
-from .rng_state_hook import RNGStateHook
 
 allow_mmengine_checkpoints()
 
-__all__ = [
-    "CocoSummaryHook",
-    "EvalProgressHook",
-    "RNGStateHook",
-    "allow_mmengine_checkpoints",
-    "coco_table",
-]
+__all__ = ["allow_mmengine_checkpoints"]

@@ -1,9 +1,13 @@
-"""Training hooks, registered in mmdet's ``HOOKS``.
+"""All of npudet's training hooks, registered in mmdet's ``HOOKS``.
 
-``custom_imports=dict(imports=['npudet.hooks'])`` then e.g.
-``custom_hooks=[dict(type='MSDAProfilerHook')]``.
+``custom_imports=dict(imports=['npudet.hooks'])`` (or ``'npudet.engine'``, which imports
+this package) then e.g. ``custom_hooks=[dict(type='MSDAProfilerHook')]``. MSDA hooks:
+``MSDAProfilerHook``, ``MSDAParityHook``, ``NonFiniteLossHook``, ``NPUSetupHook``;
+evaluation and run-state hooks: ``CocoSummaryHook``, ``EvalProgressHook``, ``RNGStateHook``.
 """
 
+from .coco_summary_hook import CocoSummaryHook, coco_table
+from .eval_progress_hook import EvalProgressHook
 from .msda_parity import MSDAParityError, MSDAParityHook, ParityResult, compare_call
 from .msda_profiler import MSDAProfilerHook
 from .non_finite_loss import NonFiniteLossError, NonFiniteLossHook
@@ -14,12 +18,17 @@ from .npu_setup import (
     launch_env_setup,
     plan_device_setup,
 )
+from .rng_state_hook import RNGStateHook
 
 __all__ = [
+    "CocoSummaryHook",
+    "EvalProgressHook",
     "MSDAParityError",
     "MSDAParityHook",
     "MSDAProfilerHook",
     "ParityResult",
+    "RNGStateHook",
+    "coco_table",
     "compare_call",
     "NonFiniteLossError",
     "NonFiniteLossHook",

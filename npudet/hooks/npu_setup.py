@@ -32,8 +32,8 @@ from mmengine.dist import get_world_size
 from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapperDict
 
-from npudet.ops.msda.registry import package_version
 from npudet.utils.device import current_device_type
+from npudet.utils.packages import package_version
 
 HCCL_CONNECT_TIMEOUT = "1200"
 KINDS = ("compile_mode", "internal_format", "clip_foreach", "env", "note")

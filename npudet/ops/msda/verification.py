@@ -149,9 +149,13 @@ def recorded(
     device_type: str, device_name: str, impl: str, dtype: DType, path: Optional[str] = None
 ) -> Optional[Record]:
     """The record of ``impl`` for ``dtype`` on this device and torch version, if any."""
-    device = load_records(path).get("devices", {}).get(device_key(device_type, device_name), {})
-    fields = device.get("records", {}).get(impl, {}).get(dtype_name(dtype))
-    return None if fields is None else Record(impl=impl, dtype=dtype_name(dtype), **fields)
+    return _lookup(load_records(path), device_type, device_name, impl, dtype_name(dtype))
+
+
+def _lookup(data: dict, device_type: str, name: str, impl: str, dtype: str) -> Optional[Record]:
+    device = data.get("devices", {}).get(device_key(device_type, name), {})
+    fields = device.get("records", {}).get(impl, {}).get(dtype)
+    return None if fields is None else Record(impl=impl, dtype=dtype, **fields)
 
 
 # Per process: (device type, impl, dtype name) -> "" or the error; records by file path;
@@ -180,16 +184,21 @@ def current_device_name(device_type: str) -> Optional[str]:
 
 
 def _record(device_type: str, impl: str, dtype: str) -> Optional[Record]:
-    """``recorded`` for this process's device, the file read once per process."""
+    """``recorded`` for this process's device, the file read once per process.
+
+    An unreadable file is ignored with one warning: the checks then decide, as without one.
+    """
     name = current_device_name(device_type)
     if name is None:
         return None
     path = records_path()
     if path not in _loaded:
-        _loaded[path] = load_records(path)
-    device = _loaded[path].get("devices", {}).get(device_key(device_type, name), {})
-    fields = device.get("records", {}).get(impl, {}).get(dtype)
-    return None if fields is None else Record(impl=impl, dtype=dtype, **fields)
+        try:
+            _loaded[path] = load_records(path)
+        except (OSError, ValueError, TypeError) as exc:  # JSON errors are ValueErrors
+            warnings.warn(f"npudet MSDA auto: ignoring {path}: {exc}", RuntimeWarning, stacklevel=2)
+            _loaded[path] = {}
+    return _lookup(_loaded[path], device_type, name, impl, dtype)
 
 
 def exempt(impl: str, device_type: str) -> bool:
