@@ -28,7 +28,9 @@ def multi_scale_deformable_attn(
         level_start_index: (num_levels,) int, cumulative H*W.
         sampling_locations: (bs, num_queries, num_heads, num_levels, num_points, 2), (x, y).
         attention_weights: (bs, num_queries, num_heads, num_levels, num_points).
-        impl: a name from ``msda_impls()``, or ``"auto"`` for the fastest that fits.
+        impl: a name from ``msda_impls()`` (or an experiment variant from
+            ``msda_variants()``), used as given; or ``"auto"``: the fastest that fits and
+            has been verified on this device (``registry.select_impl``).
 
     Returns:
         (bs, num_queries, num_heads * head_dim), the dtype of ``value``.
