@@ -29,9 +29,15 @@ BASELINE = "grid_sample"
 DEFAULT_CASES = [*CASES, "ddetr-enc:uniform"]
 
 
+def _accelerator(device: str):
+    """``torch.cuda`` or ``torch.npu`` (registered by torch_npu) for those devices, else None."""
+    return getattr(torch, device, None) if device in ("cuda", "npu") else None
+
+
 def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+    module = _accelerator(device)
+    if module is not None:
+        module.synchronize()
 
 
 def _timed(fn: Callable[[], object], device: str) -> float:
@@ -72,13 +78,14 @@ class Runner:
 
 def peak_memory_mb(runner: Runner, device: str) -> float:
     """Peak memory allocated during one forward+backward, above what was live before."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+    module = _accelerator(device)
+    if module is not None:
+        module.synchronize()
+        module.reset_peak_memory_stats()
+        base = module.memory_allocated()
         runner.grads()
-        torch.cuda.synchronize()
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
+        module.synchronize()
+        return (module.max_memory_allocated() - base) / 2**20
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 

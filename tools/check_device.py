@@ -78,10 +78,15 @@ def parity(device: str, impls: List[str]) -> List[dict]:
         for dtype in get_impl(name).DTYPES:
             result = devcheck.check_parity(name, device, dtype)
             results.append(result.to_json())
-            state = "ok" if result.correct else ("declined" if result.declined else "FAILED")
+            if result.correct:
+                state = "ok"
+            elif result.declined:
+                state = f"declined: {'; '.join(result.declined)}"
+            else:
+                state = f"FAILED: {result.error}"
             print(
-                f"[check] {name} {devcheck.dtype_name(dtype)} on {device}: {state} "
-                f"({result.seconds:.1f} s){'' if result.correct else ': ' + result.error}",
+                f"[check] {name} {devcheck.dtype_name(dtype)} on {device} "
+                f"({result.seconds:.1f} s): {state}",
                 file=sys.stderr,
                 flush=True,
             )
