@@ -184,6 +184,26 @@ def test_recorded_failure_is_skipped_with_one_warning(fresh, gpu_named, gpu_kern
         assert select_impl("auto", cuda_call()).NAME == "triton"
 
 
+def test_recorded_verification_replaces_the_check_on_this_cpu(fresh, monkeypatch):
+    """What ``tools/check_device.py --device cpu --save`` leaves behind, as ``auto`` reads it."""
+    from npudet.utils import device_name
+
+    real = verification.check_impl
+
+    def check(impl, *args):
+        assert impl != "cpu", "a recorded verification must replace the check"
+        return real(impl, *args)
+
+    monkeypatch.setattr(verification, "check_impl", check)
+    verification.save_records(
+        "cpu", device_name("cpu"), [Record("cpu", "float32", False, "grad value: off")]
+    )
+    with pytest.warns(RuntimeWarning, match="skipping 'cpu' on cpu float32: recorded"):
+        assert select_impl("auto", validate_inputs(*random_inputs())).NAME == "gather"
+    verification.save_records("cpu", device_name("cpu"), [Record("cpu", "float32", True)])
+    assert select_impl("auto", validate_inputs(*random_inputs())).NAME == "cpu"
+
+
 def test_record_file_round_trip(fresh):
     _save(Record("triton", "float32", True, "", 3.1, "ddetr-enc"))
     _save(Record("triton", "float16", False, "grad value: non-finite values"))
