@@ -62,7 +62,7 @@ def test_triton_is_listed_and_runs_the_shared_parity_suite():
 def test_auto_never_takes_triton_on_cpu():
     assert "triton" not in auto_order("cpu")
     assert select_impl("auto", validate_inputs(*random_inputs())).NAME != "triton"
-    assert auto_order("cuda")[0] == "triton"
+    assert auto_order("cuda")[:2] == ["mmcv", "triton"]  # mmcv first until measured slower
 
 
 # Cases chosen against the tiling of ``triton_impl._launch`` (tile of 2048 elements).

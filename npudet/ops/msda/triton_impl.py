@@ -16,8 +16,10 @@ from typing import List, Tuple
 
 import torch
 
+from npudet.utils.packages import importable
+
 from .inputs import MSDAInputs
-from .registry import MSDAImpl, importable, register
+from .registry import MSDAImpl, register
 
 _KERNELS = f"{__package__}.triton_kernels"
 _TILE = 2048  # elements of a (BLOCK_Q, BLOCK_S, BLOCK_D) register tile
