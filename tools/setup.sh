@@ -25,6 +25,30 @@ if [ ! -x "$py" ]; then
   fi
 fi
 
+# .venv-ascend: triton-ascend for the Ascend compile checks, which lower the Triton kernels to
+# Linalg with it (no torch, NPU or CANN needed). The wheel replaces the `triton` package, so it
+# never shares .venv. A failure here never stops the main setup: it prints a warning, and
+# tests/test_triton_ascend.py then fails naming the missing environment (it does not skip).
+ascend_venv="$root/.venv-ascend"
+ascend_req="triton-ascend==3.2.0"
+setup_ascend() {
+  local apy="$ascend_venv/bin/python" astamp
+  astamp="$ascend_venv/.npudet-ascend-$(echo "$ascend_req numpy pybind11" | sha256sum | cut -c1-16)"
+  if [ -f "$astamp" ] && "$apy" -c "import triton.backends.ascend.compiler" >/dev/null 2>&1; then
+    echo "[setup] .venv-ascend is up to date"
+    return 0
+  fi
+  echo "[setup] making .venv-ascend ($ascend_req --no-deps, numpy, pybind11)"
+  if [ ! -x "$apy" ]; then "${PYTHON:-python3}" -m venv "$ascend_venv" || return 1; fi
+  "$apy" -m pip install -q --no-deps "$ascend_req" || return 1
+  "$apy" -m pip install -q numpy pybind11 || return 1
+  "$apy" -c "from triton.backends.ascend.compiler import ttir_to_linalg" || return 1
+  rm -f "$ascend_venv"/.npudet-ascend-*
+  touch "$astamp"
+}
+setup_ascend || echo "[setup] WARNING: .venv-ascend was not made (see above); the Ascend" \
+  "lowering tests fail until it is: rerun bash tools/setup.sh"
+
 stamp="$venv/.npudet-setup-$(stamp_key)"
 if [ -f "$stamp" ] && "$py" -c "import npudet, mmcv.ops, mmdet, torch
 from importlib.util import find_spec

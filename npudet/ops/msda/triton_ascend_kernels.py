@@ -1,0 +1,352 @@
+"""Ascend-shaped Triton MSDA kernels (triton-ascend): persistent programs, row gathers, row atomics.
+
+Same math as ``triton_kernels.py`` (``grid_sample(bilinear, zeros, align_corners=False)``),
+scheduled for Ascend AI vector cores, whose compiler (triton-ascend 3.2) lowers a Triton tile
+op by op into Linalg and then into UB (on-chip buffer) copies:
+
+- **Persistent programs.** The grid is ``(min(num_items, cores),)``; program ``p`` loops over
+  work items ``p, p + grid, ...``. A work item is (batch, block of ``BLOCK_Q`` queries, head),
+  ``num_items = batch * cdiv(num_queries, BLOCK_Q) * heads``. Never more programs than cores,
+  never more than 65535 (triton-ascend's launcher limit).
+- **Level tables in UB, no gathered scalar loads.** H, W and the start key of every level are
+  loaded once per program as three strided vectors; a sample's own H, W and start come from a
+  one-hot reduction over levels (vector ops). Indexing ``shapes`` by the sample's level, as the
+  CUDA kernel does, lowers to one scalar load per sample.
+- **Clamped corners, unmasked D-contiguous row gathers.** triton-ascend turns a masked load
+  into an unmasked load plus a select, so a mask never keeps an address from being read. Every
+  corner's (x, y) is clamped into its level (and samples that don't count are moved to (0, 0)),
+  so every gathered row lies inside ``value``; a corner that does not count gets weight 0 and its
+  dot product is zeroed. A (rows, D) tile whose row offsets are data-dependent lowers to one
+  contiguous copy of D elements per row into UB.
+- **Exact power-of-two D windows.** A row copy always reads the tile's full width, even under a
+  mask on D, so the width must be exactly the channels read: channels are covered by one window
+  ``[0, DWIN)`` with ``DWIN = HEAD_DIM`` when that is a power of two, else by two overlapping
+  windows ``[0, DWIN)`` and ``[HEAD_DIM - DWIN, HEAD_DIM)`` with ``DWIN`` the largest power of two
+  below ``HEAD_DIM``. The second window's overlap is kept out of sums and gradients; its output
+  columns in the overlap are recomputed bit-identically and stored again.
+- **Backward with whole-row atomics.** Each corner's value-gradient contribution is a
+  (rows, DWIN) tile added with an *unmasked* ``tl.atomic_add`` at clamped rows (weight 0 where
+  the corner does not count). triton-ascend lowers that to one atomic add of a D-contiguous row
+  per sample; any mask that depends on the row (as in the CUDA kernel) makes it one scalar atomic
+  add under an ``scf.if`` per element. Rows are the granularity Ascend's atomic-add copy to
+  global memory works at; an owner-computes partition would need a key-sorted inverse index.
+
+float16/bfloat16/float32 inputs, float32 arithmetic; grad_value is a float32 buffer. No float64
+(Ascend has none; the launch planner refuses it). Imports only ``triton``: the lowering worker
+(``ascend_lowering.py``) loads this file in an environment with triton-ascend and without torch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _level_tables(shapes, starts, NUM_LEVELS: tl.constexpr, LEVELS_P2: tl.constexpr):
+    """(LEVELS_P2,) level index, H, W and start key (int32); padding levels are 1x1 at key 0."""
+    lv = tl.arange(0, LEVELS_P2)
+    lmask = lv < NUM_LEVELS
+    H = tl.load(shapes + 2 * lv, mask=lmask, other=1).to(tl.int32)
+    W = tl.load(shapes + 2 * lv + 1, mask=lmask, other=1).to(tl.int32)
+    start = tl.load(starts + lv, mask=lmask, other=0).to(tl.int32)
+    return lv, H, W, start
+
+
+@triton.jit
+def _work_item(w, num_queries, NUM_HEADS: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """Work item ``w`` -> (batch b as int64, (BLOCK_Q,) query indices, query mask, head h)."""
+    h = w % NUM_HEADS
+    t = w // NUM_HEADS
+    num_qblocks = tl.cdiv(num_queries, BLOCK_Q)
+    b = (t // num_qblocks).to(tl.int64)
+    q = (t % num_qblocks) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    return b, q, q < num_queries, h
+
+
+@triton.jit
+def _corners(
+    loc,
+    attn,
+    lv,
+    lvl_H,
+    lvl_W,
+    lvl_start,
+    row,
+    qmask,
+    h,
+    j0,
+    base_row,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_LEVELS: tl.constexpr,
+    NUM_POINTS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Samples ``j0 .. j0 + BLOCK_S`` of a work item's queries, as (BLOCK_Q, BLOCK_S) tiles.
+
+    Returns the flat sample index and its mask; the element offsets (int64, into value) of
+    the 4 corner rows (y0,x0), (y0,x1), (y1,x0), (y1,x1), clamped into the sample's level;
+    their masks (the corner is on the map and the sample counts); the attention weight (0
+    where the sample does not count); fx, fy; and (1, BLOCK_S) W, H as float32.
+    ``base_row`` is the row index of (b, key 0, h) in value seen as (rows, HEAD_DIM).
+    """
+    j = j0 + tl.arange(0, BLOCK_S)
+    jmask = j < NUM_LEVELS * NUM_POINTS
+    lvl = tl.where(jmask, j // NUM_POINTS, 0)
+    onehot = lvl[:, None] == lv[None, :]
+    H = tl.sum(tl.where(onehot, lvl_H[None, :], 0), axis=1)[None, :]
+    W = tl.sum(tl.where(onehot, lvl_W[None, :], 0), axis=1)[None, :]
+    start = tl.sum(tl.where(onehot, lvl_start[None, :], 0), axis=1)[None, :]
+    Hf = H.to(tl.float32)
+    Wf = W.to(tl.float32)
+    s = (row * NUM_HEADS + h)[:, None] * (NUM_LEVELS * NUM_POINTS) + j[None, :]
+    smask = qmask[:, None] & jmask[None, :]
+    x = tl.load(loc + 2 * s, mask=smask, other=0.0).to(tl.float32) * Wf - 0.5
+    y = tl.load(loc + 2 * s + 1, mask=smask, other=0.0).to(tl.float32) * Hf - 0.5
+    a = tl.load(attn + s, mask=smask, other=0.0).to(tl.float32)
+    inside = smask & (x >= -1.0) & (y >= -1.0) & (x < Wf) & (y < Hf)
+    # Samples that don't count (NaN/inf included) sit at (0, 0) with no valid corner.
+    x = tl.where(inside, x, 0.0)
+    y = tl.where(inside, y, 0.0)
+    a = tl.where(inside, a, 0.0)
+    xf = tl.floor(x)
+    yf = tl.floor(y)
+    x0 = xf.to(tl.int32)
+    y0 = yf.to(tl.int32)
+    # x0 is in [-1, W-1] and y0 in [-1, H-1]: clamping keeps every corner inside its level.
+    x0c = tl.maximum(x0, 0)
+    x1c = tl.minimum(x0 + 1, W - 1)
+    y0c = start + tl.maximum(y0, 0) * W
+    y1c = start + tl.minimum(y0 + 1, H - 1) * W
+    x_lo = inside & (x0 >= 0)
+    x_hi = inside & (x0 + 1 < W)
+    y_lo = y0 >= 0
+    y_hi = y0 + 1 < H
+    return (
+        s,
+        smask,
+        (base_row + (y0c + x0c).to(tl.int64) * NUM_HEADS) * HEAD_DIM,
+        (base_row + (y0c + x1c).to(tl.int64) * NUM_HEADS) * HEAD_DIM,
+        (base_row + (y1c + x0c).to(tl.int64) * NUM_HEADS) * HEAD_DIM,
+        (base_row + (y1c + x1c).to(tl.int64) * NUM_HEADS) * HEAD_DIM,
+        y_lo & x_lo,
+        y_lo & x_hi,
+        y_hi & x_lo,
+        y_hi & x_hi,
+        a,
+        x - xf,
+        y - yf,
+        Wf,
+        Hf,
+    )
+
+
+@triton.jit
+def _blend(value, o00, o01, o10, o11, w00, w01, w10, w11, D0: tl.constexpr, DWIN: tl.constexpr):
+    """(BLOCK_Q, DWIN) sum over samples of the weighted corner rows, channels D0 .. D0 + DWIN."""
+    d = (D0 + tl.arange(0, DWIN))[None, None, :]
+    v = tl.load(value + o00[:, :, None] + d).to(tl.float32) * w00[:, :, None]
+    v += tl.load(value + o01[:, :, None] + d).to(tl.float32) * w01[:, :, None]
+    v += tl.load(value + o10[:, :, None] + d).to(tl.float32) * w10[:, :, None]
+    v += tl.load(value + o11[:, :, None] + d).to(tl.float32) * w11[:, :, None]
+    return tl.sum(v, axis=1)
+
+
+@triton.jit
+def _scatter_dot(
+    grad_value,
+    value,
+    g,
+    o00,
+    o01,
+    o10,
+    o11,
+    w00,
+    w01,
+    w10,
+    w11,
+    D0: tl.constexpr,
+    DWIN: tl.constexpr,
+):
+    """Adds ``w * g`` to each corner row (whole-row atomics); returns the 4 dots ``g . row``.
+
+    g is (BLOCK_Q, DWIN), channels D0 .. D0 + DWIN, zero on channels another window owns.
+    """
+    d = (D0 + tl.arange(0, DWIN))[None, None, :]
+    g3 = g[:, None, :]
+    # No mask: a mask that depends on the row would turn each row atomic into per-element
+    # scalar atomics; rows are in-bounds and corners that don't count add w = 0.
+    tl.atomic_add(grad_value + o00[:, :, None] + d, w00[:, :, None] * g3)
+    tl.atomic_add(grad_value + o01[:, :, None] + d, w01[:, :, None] * g3)
+    tl.atomic_add(grad_value + o10[:, :, None] + d, w10[:, :, None] * g3)
+    tl.atomic_add(grad_value + o11[:, :, None] + d, w11[:, :, None] * g3)
+    dot00 = tl.sum(g3 * tl.load(value + o00[:, :, None] + d).to(tl.float32), axis=2)
+    dot01 = tl.sum(g3 * tl.load(value + o01[:, :, None] + d).to(tl.float32), axis=2)
+    dot10 = tl.sum(g3 * tl.load(value + o10[:, :, None] + d).to(tl.float32), axis=2)
+    dot11 = tl.sum(g3 * tl.load(value + o11[:, :, None] + d).to(tl.float32), axis=2)
+    return dot00, dot01, dot10, dot11
+
+
+@triton.jit
+def msda_fwd_kernel(
+    value,
+    shapes,
+    starts,
+    loc,
+    attn,
+    out,
+    num_keys,
+    num_queries,
+    batch,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_LEVELS: tl.constexpr,
+    NUM_POINTS: tl.constexpr,
+    LEVELS_P2: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DWIN: tl.constexpr,
+):
+    """out (bs, num_queries, heads * D): each program loops over its work items."""
+    lv, lvl_H, lvl_W, lvl_start = _level_tables(shapes, starts, NUM_LEVELS, LEVELS_P2)
+    dw = tl.arange(0, DWIN)
+    num_items = batch * tl.cdiv(num_queries, BLOCK_Q) * NUM_HEADS
+    for w in range(tl.program_id(0), num_items, tl.num_programs(0)):
+        b, q, qmask, h = _work_item(w, num_queries, NUM_HEADS, BLOCK_Q)
+        row = b * num_queries + q
+        base_row = b * num_keys * NUM_HEADS + h
+        acc0 = tl.zeros((BLOCK_Q, DWIN), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_Q, DWIN), dtype=tl.float32)
+        for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
+            s, smask, o00, o01, o10, o11, m00, m01, m10, m11, a, fx, fy, Wf, Hf = _corners(
+                loc,
+                attn,
+                lv,
+                lvl_H,
+                lvl_W,
+                lvl_start,
+                row,
+                qmask,
+                h,
+                j0,
+                base_row,
+                NUM_HEADS,
+                HEAD_DIM,
+                NUM_LEVELS,
+                NUM_POINTS,
+                BLOCK_S,
+            )
+            gx = 1.0 - fx
+            gy = 1.0 - fy
+            w00 = tl.where(m00, a * gy * gx, 0.0)
+            w01 = tl.where(m01, a * gy * fx, 0.0)
+            w10 = tl.where(m10, a * fy * gx, 0.0)
+            w11 = tl.where(m11, a * fy * fx, 0.0)
+            acc0 += _blend(value, o00, o01, o10, o11, w00, w01, w10, w11, 0, DWIN)
+            if DWIN < HEAD_DIM:
+                acc1 += _blend(value, o00, o01, o10, o11, w00, w01, w10, w11, HEAD_DIM - DWIN, DWIN)
+        o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + dw[None, :]
+        tl.store(out + o, acc0, mask=qmask[:, None])
+        if DWIN < HEAD_DIM:
+            # Overlapping channels get the same sums again, bit for bit.
+            tl.store(out + o + (HEAD_DIM - DWIN), acc1, mask=qmask[:, None])
+
+
+@triton.jit
+def msda_bwd_kernel(
+    grad_out,
+    value,
+    shapes,
+    starts,
+    loc,
+    attn,
+    grad_value,
+    grad_loc,
+    grad_attn,
+    num_keys,
+    num_queries,
+    batch,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_LEVELS: tl.constexpr,
+    NUM_POINTS: tl.constexpr,
+    LEVELS_P2: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DWIN: tl.constexpr,
+):
+    """grad_value (float32, row atomics), grad_loc, grad_attn; programs loop over work items."""
+    lv, lvl_H, lvl_W, lvl_start = _level_tables(shapes, starts, NUM_LEVELS, LEVELS_P2)
+    dw = tl.arange(0, DWIN)
+    num_items = batch * tl.cdiv(num_queries, BLOCK_Q) * NUM_HEADS
+    for w in range(tl.program_id(0), num_items, tl.num_programs(0)):
+        b, q, qmask, h = _work_item(w, num_queries, NUM_HEADS, BLOCK_Q)
+        row = b * num_queries + q
+        base_row = b * num_keys * NUM_HEADS + h
+        o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + dw[None, :]
+        g0 = tl.load(grad_out + o, mask=qmask[:, None], other=0.0).to(tl.float32)
+        g1 = g0
+        if DWIN < HEAD_DIM:
+            # The second window leaves the channels the first one covers to it.
+            g1 = tl.load(grad_out + o + (HEAD_DIM - DWIN), mask=qmask[:, None], other=0.0)
+            g1 = tl.where((dw >= 2 * DWIN - HEAD_DIM)[None, :], g1.to(tl.float32), 0.0)
+        for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
+            s, smask, o00, o01, o10, o11, m00, m01, m10, m11, a, fx, fy, Wf, Hf = _corners(
+                loc,
+                attn,
+                lv,
+                lvl_H,
+                lvl_W,
+                lvl_start,
+                row,
+                qmask,
+                h,
+                j0,
+                base_row,
+                NUM_HEADS,
+                HEAD_DIM,
+                NUM_LEVELS,
+                NUM_POINTS,
+                BLOCK_S,
+            )
+            gx = 1.0 - fx
+            gy = 1.0 - fy
+            w00 = tl.where(m00, a * gy * gx, 0.0)
+            w01 = tl.where(m01, a * gy * fx, 0.0)
+            w10 = tl.where(m10, a * fy * gx, 0.0)
+            w11 = tl.where(m11, a * fy * fx, 0.0)
+            dot00, dot01, dot10, dot11 = _scatter_dot(
+                grad_value, value, g0, o00, o01, o10, o11, w00, w01, w10, w11, 0, DWIN
+            )
+            if DWIN < HEAD_DIM:
+                e00, e01, e10, e11 = _scatter_dot(
+                    grad_value,
+                    value,
+                    g1,
+                    o00,
+                    o01,
+                    o10,
+                    o11,
+                    w00,
+                    w01,
+                    w10,
+                    w11,
+                    HEAD_DIM - DWIN,
+                    DWIN,
+                )
+                dot00 += e00
+                dot01 += e01
+                dot10 += e10
+                dot11 += e11
+            # A corner off the map contributes no dot product (its clamped row was read).
+            dot00 = tl.where(m00, dot00, 0.0)
+            dot01 = tl.where(m01, dot01, 0.0)
+            dot10 = tl.where(m10, dot10, 0.0)
+            dot11 = tl.where(m11, dot11, 0.0)
+            g_attn = gy * (gx * dot00 + fx * dot01) + fy * (gx * dot10 + fx * dot11)
+            g_x = gy * (dot01 - dot00) + fy * (dot11 - dot10)
+            g_y = gx * (dot10 - dot00) + fx * (dot11 - dot01)
+            tl.store(grad_attn + s, g_attn, mask=smask)
+            tl.store(grad_loc + 2 * s, a * g_x * Wf, mask=smask)
+            tl.store(grad_loc + 2 * s + 1, a * g_y * Hf, mask=smask)
