@@ -354,6 +354,10 @@ def main() -> int:
     # Kernels are lowered, never interpreted: a caller under the interpreter (the tests)
     # must not pass TRITON_INTERPRET=1 on to the triton.jit of the kernel modules loaded here.
     os.environ["TRITON_INTERPRET"] = "0"
+    # Nor may the caller's PYTHONPATH (another environment's triton) shadow triton-ascend's.
+    for entry in os.environ.pop("PYTHONPATH", "").split(os.pathsep):
+        while entry and entry in sys.path:
+            sys.path.remove(entry)
     jobs = json.load(sys.stdin)
     if not isinstance(jobs, list):
         raise TypeError(f"stdin: expected a JSON list of jobs, got {type(jobs).__name__}")
