@@ -17,7 +17,7 @@ and ablation tools accept their names.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set
 
 import torch
 
@@ -25,8 +25,6 @@ from . import verification
 from .inputs import MSDAInputs
 
 logger = logging.getLogger("npudet")
-
-MSDAFn = Callable[..., torch.Tensor]
 
 
 class MSDAImpl:
