@@ -320,7 +320,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     correct32 = [r["impl"] for r in parity_rows if r["dtype"] == "float32" and r["correct"]]
     bench_impls = [n for n in plan["checked"] if n in correct32 or n == BASELINE]
     bench = run_benchmark(args, bench_impls)
-    phases["benchmark"] = round(time.perf_counter() - start - sum(phases.values()), 1)
+    phases["benchmark"] = round(max(0.0, time.perf_counter() - start - sum(phases.values())), 1)
     if bench["rows"]:
         print(benchmark_msda.markdown(bench["rows"]))
     for spec, error in bench["errors"].items():
@@ -330,7 +330,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         compiled = {"available": None, "note": f"skipped ({why})", "result": None}
     else:
         compiled = compile_figures(args.device)
-    phases["compile"] = round(time.perf_counter() - start - sum(phases.values()), 1)
+    phases["compile"] = round(max(0.0, time.perf_counter() - start - sum(phases.values())), 1)
     # The compile tool prints its full table, a blank line, then the per-kernel summary.
     summary = (compiled.get("table") or "").split("\n\n", 1)[-1].strip()
     print(
