@@ -44,18 +44,22 @@ def device_impls(device: str = DEVICE) -> List[str]:
 
 
 def candidate_impls(
-    dtype: torch.dtype = torch.float32, device: str = DEVICE, compiling: bool = False
+    dtype: torch.dtype = torch.float32,
+    device: str = DEVICE,
+    compiling: bool = False,
+    variants: bool = False,
 ) -> list:
     """Usable implementations, other than the reference, that take ``dtype`` on ``device``
-    (with ``compiling``: also inside ``torch.compile``, where some decline)."""
-    from npudet.ops.msda import get_impl, msda_impls, validate_inputs
+    (with ``compiling``: also inside ``torch.compile``, where some decline; with
+    ``variants``: the experiment variants of ``msda_variants()`` too)."""
+    from npudet.ops.msda import get_impl, msda_impls, msda_variants, validate_inputs
 
     info = validate_inputs(*random_inputs(dtype=dtype))
     info = dataclasses.replace(info, device_type=device)
     with mock.patch("torch.compiler.is_compiling", return_value=compiling):
         return [
             name
-            for name in msda_impls()
+            for name in msda_impls() + (msda_variants() if variants else [])
             if name != REFERENCE and not get_impl(name).not_supported_reasons(info)
         ]
 

@@ -19,9 +19,10 @@ from msda_util import (
 from npudet.ops import msda_impls
 from npudet.ops.msda import msda_variants
 
-# Implementations taking each dtype on the test device (NPUDET_TEST_DEVICE, cpu by default).
-IMPLS = candidate_impls()
-IMPLS_F64 = candidate_impls(torch.float64)
+# Implementations taking each dtype on the test device (NPUDET_TEST_DEVICE, cpu by default);
+# the experiment variants are held to the same parity as the public implementations.
+IMPLS = candidate_impls(variants=True)
+IMPLS_F64 = candidate_impls(torch.float64, variants=True)
 IMPLS_HALF = [(i, d) for d in (torch.float16, torch.bfloat16) for i in candidate_impls(d)]
 
 EDGE_CASES = {
