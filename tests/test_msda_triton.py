@@ -65,13 +65,14 @@ def test_auto_never_takes_triton_on_cpu():
     assert auto_order("cuda")[:2] == ["mmcv", "triton"]  # mmcv first until measured slower
 
 
-# Cases chosen against the tiling of ``triton_impl._launch`` (tile of 2048 elements).
+# Cases chosen against the tiling of ``triton_launch.plan_launches`` (``cuda`` schedule:
+# tiles of 1024 elements forward, 512 backward, at 4 warps).
 TILING_CASES = {
-    # 16 queries a block: 4 full blocks and a partial one
+    # 8 (forward) or 4 (backward) queries a block: full blocks and a partial one
     "query-blocks": dict(queries=70, dim=32, heads=2),
     # levels * points = 9 padded to 16 samples, masked
     "padded-samples": dict(shapes=((5, 7), (3, 3), (2, 5)), points=3, dim=8),
-    # head_dim 1024 (the maximum): 2 samples a chunk, 4 chunks
+    # head_dim 1024 (the maximum): 1 sample a chunk, 8 chunks; backward on 8 warps
     "max-head-dim": dict(shapes=((3, 4), (2, 2)), points=4, dim=1024, heads=1, queries=3),
     "head-dim-1": dict(dim=1),
     "head-dim-129": dict(dim=129, heads=1, queries=3),
@@ -208,3 +209,73 @@ def test_limits_are_reasons():
         impl.not_supported_reasons(MSDAInputs("cuda", torch.float64, 1, 10, 2, 32, 1, 4, 2, False))
         == []
     )
+
+
+class _AddressLog:
+    """Every lane's address of every load, store and atomic the interpreter executes."""
+
+    def __init__(self, monkeypatch):
+        from triton.runtime import interpreter
+
+        self.accesses = []
+        builder = interpreter.InterpreterBuilder
+        for name, arg in (
+            ("create_masked_load", 0),
+            ("create_masked_store", 0),
+            ("create_atomic_rmw", 1),
+        ):
+            monkeypatch.setattr(builder, name, self._logged(getattr(builder, name), arg))
+
+    def _logged(self, method, arg):
+        def logged(builder, *args):
+            ptrs = args[arg]
+            size = ptrs.get_element_ty().primitive_bitwidth // 8
+            self.accesses.append((method.__name__, ptrs.data.astype("int64").ravel(), size))
+            return method(builder, *args)
+
+        return logged
+
+    def outside(self, tensors):
+        """Accesses with a lane (masked off or not) outside the tensor their first lane hits."""
+        spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors]
+        bad = []
+        for name, lanes, size in self.accesses:
+            first = int(lanes.min())
+            span = next(((lo, hi) for lo, hi in spans if lo <= first < hi), None)
+            if span is None or int(lanes.max()) + size > span[1]:
+                bad.append(f"{name}: lanes {first}..{int(lanes.max())} not inside one tensor")
+        return bad
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="reads addresses through the Triton interpreter")
+def test_every_lane_address_stays_inside_its_tensor(monkeypatch):
+    """Masked-off lanes too: past the last query, padded samples and channels, corners off
+    the map, samples moved off the map, and the x1/y1 corners of the last level's last
+    pixel (past the end of value unless clamped). Compilers that read masked-off lanes
+    (triton-ascend) must never leave the tensors."""
+    value, spatial, starts, loc, attn = random_inputs(
+        shapes=((3, 4), (2, 3)), queries=5, heads=2, dim=3, points=3, low=-0.3, high=1.3
+    )
+    loc = loc.clone()
+    loc[:, 0] = 0.99  # every corner (y1, x1) past the bottom-right pixel of each level
+    loc[:, 1, 0] = float("nan")
+    grad = torch.randn(2, 5, 6)
+    log = _AddressLog(monkeypatch)
+    out = triton_impl.msda_triton_forward(value, spatial, starts, loc, attn)
+    grads = triton_impl.msda_triton_backward(grad, value, spatial, starts, loc, attn)
+    assert len(log.accesses) > 20
+    assert log.outside([value, spatial, starts, loc, attn, grad, out, *grads]) == []
+
+
+def test_custom_ops_launch_exactly_the_plan(monkeypatch):
+    from npudet.ops.msda.triton_launch import MSDAShape, plan_launches
+
+    launched = []
+    run = triton_impl._run
+    monkeypatch.setattr(
+        triton_impl, "_run", lambda launch, *rest: (launched.append(launch), run(launch, *rest))
+    )
+    inputs = _on(random_inputs(batch=2, queries=7, heads=2, dim=5, points=3))
+    out, _ = run_on("triton", inputs, DEVICE)
+    plans = plan_launches("cuda", "float32", MSDAShape(2, 30, 7, 2, 5, 2, 3))
+    assert launched == [plans["fwd"], plans["bwd"]]

@@ -10,9 +10,10 @@ bfloat16 inputs are read as they are and accumulated in float32; float64 in floa
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import sys
-from typing import List, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
@@ -20,10 +21,9 @@ from npudet.utils.packages import importable
 
 from .inputs import MSDAInputs
 from .registry import MSDAImpl, register
+from .triton_launch import KernelLaunch, MSDAShape, plan_launches, schedule_for
 
 _KERNELS = f"{__package__}.triton_kernels"
-_TILE = 2048  # elements of a (BLOCK_Q, BLOCK_S, BLOCK_D) register tile
-_MAX_BLOCK_Q = 64
 
 
 def _interpret_requested() -> bool:
@@ -54,38 +54,42 @@ def _cpu_reasons() -> tuple:
     )
 
 
-def _launch(value: torch.Tensor, sampling_locations: torch.Tensor):
-    """Kernels module, grid, constexpr meta-parameters and device guard for one call."""
-    import triton
+def _plan(
+    value: torch.Tensor, level_tensors: Sequence[torch.Tensor], sampling_locations: torch.Tensor
+) -> Tuple[Dict[str, KernelLaunch], List[torch.Tensor]]:
+    """The launches of this call (``triton_launch.plan_launches``) and the level tensors.
 
-    from . import triton_kernels
-
-    bs, _, heads, dim = value.shape
+    spatial_shapes and level_start_index are passed as they are when their dtypes agree,
+    else both as int64 (one index type per kernel signature).
+    """
+    if len({t.dtype for t in level_tensors}) > 1:
+        level_tensors = [t.to(torch.int64) for t in level_tensors]
+    bs, num_keys, heads, dim = value.shape
     num_queries, levels, points = (sampling_locations.shape[i] for i in (1, 3, 4))
-    block_d = triton.next_power_of_2(dim)
-    block_s = min(triton.next_power_of_2(levels * points), max(1, _TILE // block_d))
-    block_q = min(
-        _MAX_BLOCK_Q, max(1, _TILE // (block_s * block_d)), triton.next_power_of_2(num_queries)
+    shape = MSDAShape(bs, num_keys, num_queries, heads, dim, levels, points)
+    launches = plan_launches(
+        schedule_for(value.device.type),
+        str(value.dtype).removeprefix("torch."),
+        shape,
+        str(level_tensors[0].dtype).removeprefix("torch."),
     )
-    acc = triton.language.float64 if value.dtype == torch.float64 else triton.language.float32
-    grid = (triton.cdiv(num_queries, block_q), heads, bs)
-    meta = dict(
-        NUM_HEADS=heads,
-        HEAD_DIM=dim,
-        NUM_LEVELS=levels,
-        NUM_POINTS=points,
-        BLOCK_Q=block_q,
-        BLOCK_S=block_s,
-        BLOCK_D=block_d,
-        ACC=acc,
-    )
-    device = value.device
+    return launches, list(level_tensors)
+
+
+def _run(launch: KernelLaunch, device: torch.device, args: Dict[str, object]) -> None:
+    """Launch exactly ``launch``, binding its runtime arguments by name from ``args``."""
+    kernel = getattr(importlib.import_module(f"{__package__}.{launch.module}"), launch.kernel)
     guard = (
         contextlib.nullcontext()
         if device.type == "cpu"
         else torch.get_device_module(device).device(device)
     )
-    return triton_kernels, grid, meta, guard
+    with guard:
+        kernel[launch.grid](
+            **{name: args[name] for name in launch.signature},
+            **launch.constexprs,
+            num_warps=launch.num_warps,
+        )
 
 
 @torch.library.custom_op("npudet::msda_triton_forward", mutates_args=())
@@ -103,20 +107,22 @@ def msda_triton_forward(
     )
     bs, num_keys, heads, dim = value.shape
     num_queries = sampling_locations.shape[1]
+    launches, (shapes, starts) = _plan(
+        value, (spatial_shapes, level_start_index), sampling_locations
+    )
     out = value.new_empty((bs, num_queries, heads * dim))
-    kernels, grid, meta, guard = _launch(value, sampling_locations)
-    with guard:
-        kernels.msda_fwd_kernel[grid](
-            value,
-            spatial_shapes,
-            level_start_index,
-            sampling_locations,
-            attention_weights,
-            out,
-            num_keys,
-            num_queries,
-            **meta,
-        )
+    args = dict(
+        value=value,
+        shapes=shapes,
+        starts=starts,
+        loc=sampling_locations,
+        attn=attention_weights,
+        out=out,
+        batch=bs,
+        num_keys=num_keys,
+        num_queries=num_queries,
+    )
+    _run(launches["fwd"], value.device, args)
     return out
 
 
@@ -147,26 +153,28 @@ def msda_triton_backward(
             attention_weights,
         )
     )
+    launches, (shapes, starts) = _plan(
+        value, (spatial_shapes, level_start_index), sampling_locations
+    )
     acc = torch.float64 if value.dtype == torch.float64 else torch.float32
     grad_value = torch.zeros(value.shape, dtype=acc, device=value.device)
     grad_loc = torch.empty_like(sampling_locations)
     grad_attn = torch.empty_like(attention_weights)
-    kernels, grid, meta, guard = _launch(value, sampling_locations)
-    with guard:
-        kernels.msda_bwd_kernel[grid](
-            grad_output,
-            value,
-            spatial_shapes,
-            level_start_index,
-            sampling_locations,
-            attention_weights,
-            grad_value,
-            grad_loc,
-            grad_attn,
-            value.shape[1],
-            sampling_locations.shape[1],
-            **meta,
-        )
+    args = dict(
+        grad_out=grad_output,
+        value=value,
+        shapes=shapes,
+        starts=starts,
+        loc=sampling_locations,
+        attn=attention_weights,
+        grad_value=grad_value,
+        grad_loc=grad_loc,
+        grad_attn=grad_attn,
+        batch=value.shape[0],
+        num_keys=value.shape[1],
+        num_queries=sampling_locations.shape[1],
+    )
+    _run(launches["bwd"], value.device, args)
     return grad_value.to(value.dtype), grad_loc, grad_attn
 
 

@@ -4,7 +4,7 @@ A program walks the ``levels * points`` samples of its queries in chunks of
 ``BLOCK_S``: for each sample the 4 bilinear corners are computed in registers, their
 D-contiguous value rows (value layout (bs, keys, heads, D)) are fetched with masked
 gathers as one (BLOCK_Q, BLOCK_S, BLOCK_D) tile per corner, weighted and accumulated in
-``ACC`` (float32, or float64 for float64 inputs); nothing sampled is written to memory.
+``ACC`` (float32, or float64 when ``F64``); nothing sampled is written to memory.
 Backward recomputes the corners, adds the value gradient with ``tl.atomic_add`` into an
 ``ACC`` buffer and computes the location and attention-weight gradients in-program from
 dot products of the output gradient with the corner rows.
@@ -12,6 +12,13 @@ dot products of the output gradient with the corner rows.
 Semantics are ``grid_sample(bilinear, zeros, align_corners=False)``, as in the CPU
 kernel: ``x = loc_x * W - 0.5``; a sample counts when ``-1 <= x < W`` and
 ``-1 <= y < H`` (NaN/inf never do); out-of-map corners contribute zero.
+
+Safety on every backend: the address of every corner, masked off or not, lies inside
+``value`` (corner rows are clamped into ``[0, num_keys)``), because some compilers
+(triton-ascend) read masked-off addresses and select afterwards; every offset that
+multiplies a row count by ``heads * D`` is int64; the whole (query block, head, batch)
+space is on grid axis 0 (2**31 - 1 programs; axes 1 and 2 take only 65535). Block
+sizes and warps come from ``triton_launch.py``.
 
 ``triton.jit`` decides at decoration whether a kernel is compiled or interpreted
 (``TRITON_INTERPRET=1``), so that is fixed when this module is first imported:
@@ -26,6 +33,32 @@ from triton.runtime.interpreter import InterpretedFunction
 
 
 @triton.jit
+def _program(num_queries, NUM_HEADS: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """This program's rows (BLOCK_Q,) of (bs * num_queries), int64, their mask, head, batch.
+
+    Rows past the last query repeat it (masked), so even their addresses stay in bounds.
+    """
+    pid = tl.program_id(0)
+    q_blocks = tl.cdiv(num_queries, BLOCK_Q)
+    bh = pid // q_blocks
+    q = (pid - bh * q_blocks) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    h = bh % NUM_HEADS
+    b = (bh // NUM_HEADS).to(tl.int64)
+    return b * num_queries + tl.minimum(q, num_queries - 1), q < num_queries, h, b
+
+
+@triton.jit
+def _channels(HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Channel offsets (BLOCK_D,) and their mask; padded lanes repeat the last channel."""
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HEAD_DIM
+    if BLOCK_D != HEAD_DIM:
+        # Only then: a clamped range hides the contiguity that vectorises the loads.
+        d = tl.minimum(d, HEAD_DIM - 1)
+    return d, dmask
+
+
+@triton.jit
 def _samples(
     shapes,
     starts,
@@ -35,6 +68,7 @@ def _samples(
     h,
     j0,
     qmask,
+    num_keys,
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     NUM_LEVELS: tl.constexpr,
@@ -44,15 +78,16 @@ def _samples(
 ):
     """Geometry of samples ``j0 .. j0 + BLOCK_S`` (of levels * points) of a query block.
 
-    Returns (BLOCK_Q, BLOCK_S) tensors: the flat sample index ``s`` and its mask, the
-    offset (in elements, from this batch and head) of the (y0, x0) corner row, the masks
-    of the 4 corners (y0,x0), (y0,x1), (y1,x0), (y1,x1), fx, fy and the attention weight
-    (0 where the sample does not count); then (1, BLOCK_S): the offset from a row to the
-    one below it, H and W in ``ACC``.
+    Returns (BLOCK_Q, BLOCK_S) tensors: the flat sample index ``s`` (int64) and its mask,
+    the int64 offsets (in elements, from this batch and head) of the corner rows
+    (y0,x0), (y0,x1), (y1,x0), (y1,x1) and their masks, fx, fy and the attention weight
+    (0 where the sample does not count); then (1, BLOCK_S): H and W in ``ACC``.
     """
     j = j0 + tl.arange(0, BLOCK_S)
     jmask = j < NUM_LEVELS * NUM_POINTS
-    lvl = tl.where(jmask, j // NUM_POINTS, 0)
+    if (NUM_LEVELS * NUM_POINTS) % BLOCK_S != 0:
+        j = tl.minimum(j, NUM_LEVELS * NUM_POINTS - 1)  # padded samples repeat the last one
+    lvl = j // NUM_POINTS
     H = tl.load(shapes + 2 * lvl).to(tl.int32)[None, :]
     W = tl.load(shapes + 2 * lvl + 1).to(tl.int32)[None, :]
     start = tl.load(starts + lvl).to(tl.int64)[None, :]
@@ -77,13 +112,22 @@ def _samples(
     x_hi = inside & (x0 + 1 < W)
     y_lo = y0 >= 0
     y_hi = y0 + 1 < H
+    # Masked-off corners (off the map, moved to -2, or the x1/y1 corners past the end of
+    # the last level) still get a row inside value: clamped into [0, num_keys).
+    k00 = start + y0.to(tl.int64) * W + x0
+    last = num_keys - 1
+    k01 = tl.minimum(tl.maximum(k00 + 1, 0), last)
+    k10 = tl.minimum(tl.maximum(k00 + W, 0), last)
+    k11 = tl.minimum(tl.maximum(k00 + W + 1, 0), last)
+    k00 = tl.minimum(tl.maximum(k00, 0), last)
     row_stride = NUM_HEADS * HEAD_DIM
-    offs = (start + (y0 * W + x0).to(tl.int64)) * row_stride
-    down = W.to(tl.int64) * row_stride
     return (
         s,
         smask,
-        offs,
+        k00 * row_stride,
+        k01 * row_stride,
+        k10 * row_stride,
+        k11 * row_stride,
         y_lo & x_lo,
         y_lo & x_hi,
         y_hi & x_lo,
@@ -91,7 +135,6 @@ def _samples(
         x - xf,
         y - yf,
         a,
-        down,
         Hf,
         Wf,
     )
@@ -114,22 +157,18 @@ def msda_fwd_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    ACC: tl.constexpr,
+    F64: tl.constexpr,
 ):
     """out (bs, num_queries, heads * D) of one (query block, head, batch)."""
-    h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    qmask = q < num_queries
-    row = b * num_queries + q
-    d = tl.arange(0, BLOCK_D)
-    dmask = (d < HEAD_DIM)[None, None, :]
+    ACC: tl.constexpr = tl.float64 if F64 else tl.float32
+    row, qmask, h, b = _program(num_queries, NUM_HEADS, BLOCK_Q)
+    d, dm = _channels(HEAD_DIM, BLOCK_D)
+    dmask = dm[None, None, :]
     d3 = d[None, None, :]
     base = value + (b * num_keys * NUM_HEADS + h) * HEAD_DIM
-    right = NUM_HEADS * HEAD_DIM
     acc = tl.zeros((BLOCK_Q, BLOCK_S, BLOCK_D), dtype=ACC)
     for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
-        s, smask, offs, m00, m01, m10, m11, fx, fy, a, down, Hf, Wf = _samples(
+        s, smask, o00, o01, o10, o11, m00, m01, m10, m11, fx, fy, a, Hf, Wf = _samples(
             shapes,
             starts,
             loc,
@@ -138,6 +177,7 @@ def msda_fwd_kernel(
             h,
             j0,
             qmask,
+            num_keys,
             NUM_HEADS,
             HEAD_DIM,
             NUM_LEVELS,
@@ -147,20 +187,18 @@ def msda_fwd_kernel(
         )
         gx = 1.0 - fx
         gy = 1.0 - fy
-        p00 = base + offs[:, :, None] + d3
-        p10 = p00 + down[:, :, None]
-        v00 = tl.load(p00, mask=m00[:, :, None] & dmask, other=0.0).to(ACC)
-        v01 = tl.load(p00 + right, mask=m01[:, :, None] & dmask, other=0.0).to(ACC)
-        v10 = tl.load(p10, mask=m10[:, :, None] & dmask, other=0.0).to(ACC)
-        v11 = tl.load(p10 + right, mask=m11[:, :, None] & dmask, other=0.0).to(ACC)
+        v00 = tl.load(base + o00[:, :, None] + d3, mask=m00[:, :, None] & dmask, other=0.0)
+        v01 = tl.load(base + o01[:, :, None] + d3, mask=m01[:, :, None] & dmask, other=0.0)
+        v10 = tl.load(base + o10[:, :, None] + d3, mask=m10[:, :, None] & dmask, other=0.0)
+        v11 = tl.load(base + o11[:, :, None] + d3, mask=m11[:, :, None] & dmask, other=0.0)
         acc += (
-            (a * gy * gx)[:, :, None] * v00
-            + (a * gy * fx)[:, :, None] * v01
-            + (a * fy * gx)[:, :, None] * v10
-            + (a * fy * fx)[:, :, None] * v11
+            (a * gy * gx)[:, :, None] * v00.to(ACC)
+            + (a * gy * fx)[:, :, None] * v01.to(ACC)
+            + (a * fy * gx)[:, :, None] * v10.to(ACC)
+            + (a * fy * fx)[:, :, None] * v11.to(ACC)
         )
     o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
-    tl.store(out + o, tl.sum(acc, axis=1), mask=qmask[:, None] & (d < HEAD_DIM)[None, :])
+    tl.store(out + o, tl.sum(acc, axis=1), mask=qmask[:, None] & dm[None, :])
 
 
 @triton.jit
@@ -183,26 +221,22 @@ def msda_bwd_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    ACC: tl.constexpr,
+    F64: tl.constexpr,
 ):
     """grad_value (atomic adds, ACC), grad_loc, grad_attn of one (query block, head, batch)."""
-    h = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    qmask = q < num_queries
-    row = b * num_queries + q
-    d = tl.arange(0, BLOCK_D)
-    dmask = (d < HEAD_DIM)[None, None, :]
+    ACC: tl.constexpr = tl.float64 if F64 else tl.float32
+    row, qmask, h, b = _program(num_queries, NUM_HEADS, BLOCK_Q)
+    d, dm = _channels(HEAD_DIM, BLOCK_D)
+    dmask = dm[None, None, :]
     d3 = d[None, None, :]
     o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
-    g = tl.load(grad_out + o, mask=qmask[:, None] & (d < HEAD_DIM)[None, :], other=0.0)
+    g = tl.load(grad_out + o, mask=qmask[:, None] & dm[None, :], other=0.0)
     g = g.to(ACC)[:, None, :]
     start_offset = (b * num_keys * NUM_HEADS + h) * HEAD_DIM
     base = value + start_offset
     gbase = grad_value + start_offset
-    right = NUM_HEADS * HEAD_DIM
     for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
-        s, smask, offs, m00, m01, m10, m11, fx, fy, a, down, Hf, Wf = _samples(
+        s, smask, o00, o01, o10, o11, m00, m01, m10, m11, fx, fy, a, Hf, Wf = _samples(
             shapes,
             starts,
             loc,
@@ -211,6 +245,7 @@ def msda_bwd_kernel(
             h,
             j0,
             qmask,
+            num_keys,
             NUM_HEADS,
             HEAD_DIM,
             NUM_LEVELS,
@@ -220,20 +255,22 @@ def msda_bwd_kernel(
         )
         gx = 1.0 - fx
         gy = 1.0 - fy
-        o00 = offs[:, :, None] + d3
-        o10 = o00 + down[:, :, None]
+        o00 = o00[:, :, None] + d3
+        o01 = o01[:, :, None] + d3
+        o10 = o10[:, :, None] + d3
+        o11 = o11[:, :, None] + d3
         m00 = m00[:, :, None] & dmask
         m01 = m01[:, :, None] & dmask
         m10 = m10[:, :, None] & dmask
         m11 = m11[:, :, None] & dmask
         dot00 = tl.sum(g * tl.load(base + o00, mask=m00, other=0.0).to(ACC), axis=2)
-        dot01 = tl.sum(g * tl.load(base + o00 + right, mask=m01, other=0.0).to(ACC), axis=2)
+        dot01 = tl.sum(g * tl.load(base + o01, mask=m01, other=0.0).to(ACC), axis=2)
         dot10 = tl.sum(g * tl.load(base + o10, mask=m10, other=0.0).to(ACC), axis=2)
-        dot11 = tl.sum(g * tl.load(base + o10 + right, mask=m11, other=0.0).to(ACC), axis=2)
+        dot11 = tl.sum(g * tl.load(base + o11, mask=m11, other=0.0).to(ACC), axis=2)
         tl.atomic_add(gbase + o00, (a * gy * gx)[:, :, None] * g, mask=m00, sem="relaxed")
-        tl.atomic_add(gbase + o00 + right, (a * gy * fx)[:, :, None] * g, mask=m01, sem="relaxed")
+        tl.atomic_add(gbase + o01, (a * gy * fx)[:, :, None] * g, mask=m01, sem="relaxed")
         tl.atomic_add(gbase + o10, (a * fy * gx)[:, :, None] * g, mask=m10, sem="relaxed")
-        tl.atomic_add(gbase + o10 + right, (a * fy * fx)[:, :, None] * g, mask=m11, sem="relaxed")
+        tl.atomic_add(gbase + o11, (a * fy * fx)[:, :, None] * g, mask=m11, sem="relaxed")
         g_attn = gy * (gx * dot00 + fx * dot01) + fy * (gx * dot10 + fx * dot11)
         g_x = gy * (dot01 - dot00) + fy * (dot11 - dot10)
         g_y = gx * (dot10 - dot00) + fx * (dot11 - dot01)

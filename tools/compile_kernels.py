@@ -1,0 +1,206 @@
+"""Compile every Triton MSDA kernel with the real toolchains, no accelerator needed.
+
+    python tools/compile_kernels.py --json results/kernel_compile.json
+    python tools/compile_kernels.py --targets cuda:80 --dtypes float32 --cases ddetr-enc
+
+CUDA (``cuda:80``, ``cuda:90``): triton compiles the launches the custom ops plan
+(``npudet/ops/msda/triton_launch.py``) to cubins; registers, stack (spills) and shared
+memory come from the bundled cuobjdump. Ascend (``ascend``): the same launches of the
+``ascend`` schedule go through triton-ascend's own passes to Linalg in ``.venv-ascend``
+(``npudet/ops/msda/ascend_lowering.py`` reads a JSON list on stdin and answers one on
+stdout); without that environment Ascend is reported as not run.
+Prints a table per (kernel, target, dtype, case), a summary per (kernel, target, dtype),
+and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from npudet.ops.msda import kernel_compile  # noqa: E402
+from npudet.ops.msda.triton_launch import plan_launches  # noqa: E402
+
+ASCEND_PYTHON = ROOT / ".venv-ascend" / "bin" / "python"
+ASCEND_LOWERING = ROOT / "npudet" / "ops" / "msda" / "ascend_lowering.py"
+ASCEND_DTYPES = ("float32", "float16", "bfloat16")  # triton-ascend has no float64
+TARGETS = (*kernel_compile.CUDA_TARGETS, "ascend")
+
+
+def _csv(text: str) -> List[str]:
+    return [t for t in text.split(",") if t]
+
+
+def check_ascend(dtypes: Sequence[str], shapes: Dict[str, object]) -> Tuple[str, List[dict]]:
+    """(status, rows) of lowering the ``ascend`` schedule's launches with triton-ascend."""
+    if not ASCEND_PYTHON.exists():
+        return "not run: .venv-ascend is missing (tools/setup.sh makes it)", []
+    if not ASCEND_LOWERING.exists():
+        return f"not run: {ASCEND_LOWERING.relative_to(ROOT)} is missing", []
+    try:
+        plans = {
+            (dtype, case): plan_launches("ascend", dtype, shape)
+            for dtype in dtypes
+            for case, shape in shapes.items()
+        }
+    except ValueError as exc:
+        return f"not run: {exc}", []
+    # Identical launches (same code and grid) are lowered once, tagged by their first row.
+    requests: Dict[str, dict] = {}
+    first_tag: Dict[str, str] = {}
+    tags: Dict[Tuple[str, str, str], str] = {}
+    for (dtype, case), launches in plans.items():
+        for launch in launches.values():
+            key = kernel_compile.launch_key(launch) + json.dumps(launch.grid)
+            tag = first_tag.setdefault(key, f"{launch.kernel}|{dtype}|{case}")
+            tags[(launch.kernel, dtype, case)] = tag
+            requests[tag] = dict(
+                tag=tag,
+                module_path=kernel_compile.module_path(launch.module),
+                kernel=launch.kernel,
+                signature=launch.signature,
+                constexprs=launch.constexprs,
+                grid=list(launch.grid),
+            )
+    proc = subprocess.run(
+        [str(ASCEND_PYTHON), str(ASCEND_LOWERING)],
+        input=json.dumps(list(requests.values())),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        return f"failed: ascend_lowering.py exited {proc.returncode}: {proc.stderr[-2000:]}", []
+    answers = {a["tag"]: a for a in json.loads(proc.stdout)}
+    rows = []
+    for (kernel, dtype, case), tag in tags.items():
+        answer = answers.get(tag, dict(lowered=False, error="no answer"))
+        fields = ("lowered", "error", "ub_bytes", "scalar_atomics", "scalar_loads", "programs")
+        rows.append(
+            dict(kernel=kernel, target="ascend", dtype=dtype, case=case)
+            | {k: answer.get(k) for k in fields}
+        )
+    return "run", rows
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def table(rows: List[dict]) -> str:
+    """Markdown table, one line per (kernel, target, dtype, case)."""
+    head = (
+        "| kernel | target | dtype | case | compiled | registers | spills (B) | shared (B) "
+        "| UB (B) | scalar atomics | scalar loads | programs |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        compiled = r.get("compiled", r.get("lowered"))
+        cells = [r["kernel"], r["target"], r["dtype"], r["case"], compiled]
+        cells += [r.get(k) for k in ("registers", "stack_bytes", "shared_bytes")]
+        cells += [r.get(k) for k in ("ub_bytes", "scalar_atomics", "scalar_loads", "programs")]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def summary(rows: List[dict]) -> str:
+    """Markdown table: the worst case over the cases of each (kernel, target, dtype)."""
+    groups: Dict[Tuple[str, str, str], List[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["kernel"], r["target"], r["dtype"]), []).append(r)
+    figures = (
+        "registers",
+        "stack_bytes",
+        "shared_bytes",
+        "ub_bytes",
+        "scalar_atomics",
+        "scalar_loads",
+        "programs",
+    )
+    lines = [
+        "| kernel | target | dtype | compiled | warps | max registers | max spills (B) "
+        "| max shared (B) | max UB (B) | max scalar atomics | max scalar loads | max programs |",
+        "|" + "---|" * 12,
+    ]
+    for (kernel, target, dtype), group in groups.items():
+        ok = [r for r in group if r.get("compiled", r.get("lowered"))]
+        warps = sorted({r["num_warps"] for r in group if "num_warps" in r})
+        cells = [
+            kernel,
+            target,
+            dtype,
+            f"{len(ok)}/{len(group)}",
+            ",".join(map(str, warps)) or None,
+        ]
+        for key in figures:
+            values = [r[key] for r in ok if r.get(key) is not None]
+            cells.append(max(values) if values else None)
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", type=_csv, default=list(TARGETS), help=",".join(TARGETS))
+    parser.add_argument(
+        "--dtypes", type=_csv, default=list(kernel_compile.CUDA_DTYPES), help="float32,..."
+    )
+    shapes = kernel_compile.check_shapes()
+    parser.add_argument("--cases", type=_csv, default=list(shapes), help=",".join(shapes))
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    args = parser.parse_args(list(argv) or None)
+    for name, given, known in (
+        ("--targets", args.targets, TARGETS),
+        ("--dtypes", args.dtypes, kernel_compile.CUDA_DTYPES),
+        ("--cases", args.cases, tuple(shapes)),
+    ):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            parser.error(f"{name}: unknown {unknown}; expected some of {list(known)}")
+    chosen = {c: shapes[c] for c in args.cases}
+    start = time.perf_counter()
+    cuda_targets = [t for t in args.targets if t != "ascend"]
+    rows = kernel_compile.check_cuda(cuda_targets, args.dtypes, chosen) if cuda_targets else []
+    ascend_status = "not requested"
+    if "ascend" in args.targets:
+        ascend_dtypes = [d for d in args.dtypes if d in ASCEND_DTYPES]
+        ascend_status, ascend_rows = check_ascend(ascend_dtypes, chosen)
+        rows += ascend_rows
+    seconds = time.perf_counter() - start
+    print(table(rows))
+    print()
+    print(summary(rows))
+    print(f"\nascend: {ascend_status}; {len(rows)} rows in {seconds:.0f} s")
+    failed = [r for r in rows if not r.get("compiled", r.get("lowered"))]
+    for r in failed:
+        print(f"FAILED {r['kernel']} {r['target']} {r['dtype']} {r['case']}: {r['error']}")
+    if args.json:
+        import triton
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        report = dict(
+            command="python tools/compile_kernels.py " + " ".join(argv or sys.argv[1:]),
+            triton=triton.__version__,
+            targets=args.targets,
+            ascend=ascend_status,
+            seconds=round(seconds, 1),
+            rows=rows,
+        )
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
