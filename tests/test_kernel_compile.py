@@ -24,8 +24,10 @@ from npudet.ops.msda import kernel_compile  # noqa: E402
 from npudet.ops.msda.triton_launch import (  # noqa: E402
     MAX_GRID_X,
     MAX_GRID_YZ,
+    SCHEDULE_ENV,
     MSDAShape,
     plan_launches,
+    schedule_for,
 )
 
 MAX_REGISTERS = 128
@@ -76,6 +78,16 @@ def test_grid_axes_1_and_2_stay_within_65535(shape, dtype):
 def test_plan_refuses_more_programs_than_axis_0_holds():
     with pytest.raises(ValueError, match="sampling_locations"):
         plan_launches("cuda", "float32", MSDAShape(2**20, 10, 2**20, 8, 32, 1, 1))
+
+
+def test_schedule_follows_the_device_unless_forced(monkeypatch):
+    monkeypatch.delenv(SCHEDULE_ENV, raising=False)
+    assert [schedule_for(d) for d in ("cuda", "npu", "cpu")] == ["cuda", "ascend", "cuda"]
+    monkeypatch.setenv(SCHEDULE_ENV, "ascend")
+    assert schedule_for("cpu") == "ascend"
+    monkeypatch.setenv(SCHEDULE_ENV, "rocm")
+    with pytest.raises(ValueError, match=SCHEDULE_ENV):
+        schedule_for("cuda")
 
 
 def test_plan_arguments_are_checked():

@@ -4,6 +4,9 @@ Runs on CUDA tensors (triton) and Ascend NPU tensors (triton-ascend). CPU tensor
 accepted only under the Triton interpreter (``TRITON_INTERPRET=1`` set before the
 kernels are first compiled): a test path, never chosen by ``auto`` on CPU. float16 and
 bfloat16 inputs are read as they are and accumulated in float32; float64 in float64.
+What runs is what ``triton_launch.plan_launches`` plans: the ``cuda`` schedule
+(``triton_kernels.py``) except on npu tensors, which take the ``ascend`` one
+(``NPUDET_TRITON_SCHEDULE`` forces either); the compile checks compile the same plans.
 ``triton`` is imported only when a kernel first runs.
 """
 
