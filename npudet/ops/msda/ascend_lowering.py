@@ -342,7 +342,9 @@ def run_job(job: dict) -> dict:
         result["lowered"] = True
     except subprocess.CalledProcessError as e:
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-        result["error"] = f"triton-adapter-opt failed: {(stderr or str(e)).strip()[-2000:]}"
+        # A crash prints its reason first, then a stack dump that says nothing more.
+        reason = (stderr or str(e)).split("PLEASE submit a bug report")[0].strip()
+        result["error"] = f"triton-adapter-opt failed: {reason[-2000:]}"
     except Exception as e:  # reported per job: one kernel failing must not hide the others
         # the reason is at the end (CompilationError starts with the kernel source)
         result["error"] = f"{type(e).__name__}: ...{str(e).strip()[-1000:]}"
