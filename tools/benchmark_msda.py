@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from npudet.ops import msda_impls, multi_scale_deformable_attn  # noqa: E402
 from npudet.ops.msda import get_impl, msda_variants, validate_inputs  # noqa: E402
 from npudet.ops.msda.cases import CASES, make_inputs, parse_case  # noqa: E402
+from npudet.ops.msda.cpu_impl import isa  # noqa: E402
 
 BASELINE = "grid_sample"
 DEFAULT_CASES = [*CASES, "ddetr-enc:uniform"]
@@ -219,6 +220,7 @@ def main(argv: List[str] | None = None) -> int:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
         f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE}"
     )
+    print(f"cpu kernel variant {isa()}, ATen {torch.backends.cpu.get_cpu_capability()}")
     print(markdown(rows))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,8 @@
 """``cpu``: the fused C++/OpenMP kernel (``ops/cpu/msda_cpu.cpp``) as torch custom ops.
 
+The kernel is built on first use for the instruction set chosen at run time from the CPU's
+features (``cpu_isa``; ``NPUDET_CPU_ISA`` forces one); ``isa()`` names the one loaded.
+
 Experiment variants (``msda_variants()``, not ``msda_impls()``) expose the kernel's
 design choices so the benchmark and the ablation tool can price each one: ``cpu`` (fused
 4-corner pass, prefetched corner rows, contention-free backward: private per-thread
@@ -13,10 +16,11 @@ item, instead of query by query with all heads of a query in turn).
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
+from . import cpu_isa
 from .native_build import load_extension
 from .registry import MSDAImpl, register, register_variant
 
@@ -29,9 +33,43 @@ NO_PREFETCH = 16
 HEAD_MAJOR = 32
 
 
+# The choice made once per process: "isa" (a cpu_isa variant name) and "ext" (the module,
+# or why no variant could be loaded).
+_chosen: dict = {}
+
+
 def _load():
-    """The built extension module, or why it is unavailable (a string)."""
-    return load_extension("npudet_msda_cpu", ["cpu/msda_cpu.cpp"])
+    """The built extension module of the chosen instruction-set variant, or why none is
+    available (a string). Only the chosen variant is built; under ``auto`` one the compiler
+    cannot build falls back to the next best."""
+    if "ext" in _chosen:
+        return _chosen["ext"]
+    variants = cpu_isa.candidates()
+    if isinstance(variants, str):
+        _chosen["ext"] = variants
+        return variants
+    failures = []
+    for variant in variants:
+        ext = load_extension(
+            f"npudet_msda_cpu_{variant.name}",
+            ["cpu/msda_cpu.cpp"],
+            [variant.march],
+            cpu_specific=variant.cpu_specific,
+        )
+        if not isinstance(ext, str):
+            _chosen.update(isa=variant.name, ext=ext)
+            return ext
+        failures.append(ext)
+    _chosen["ext"] = "; ".join(failures)
+    return _chosen["ext"]
+
+
+def isa() -> Optional[str]:
+    """The instruction-set variant ``cpu`` runs in this process (``baseline``, ``avx2``,
+    ``avx512`` or ``native``, see ``cpu_isa``), building it if needed; None when the
+    kernel is unavailable."""
+    _load()
+    return _chosen.get("isa")
 
 
 def _ext():

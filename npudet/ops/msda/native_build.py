@@ -1,7 +1,11 @@
-"""Build-on-first-use of the native kernels in ``ops/`` with ``torch.utils.cpp_extension``.
+"""Build-on-first-use of the native kernels with ``torch.utils.cpp_extension``.
 
-Builds land in a cache keyed by the source, torch, Python and CPU, so a second process
-loads in milliseconds. Set ``NPUDET_EXT_CACHE`` to move the cache.
+The sources are the repository's top-level ``ops/`` in a checkout (editable install) and
+``npudet/_ops/`` in an installed package (``setup.py`` copies ``ops/`` there when it
+builds a wheel). Builds land in a cache keyed by the extension name, the sources, the
+compiler flags, torch, Python and the architecture (and the CPU model for a build tied to
+one CPU), so a second process loads in milliseconds. Set ``NPUDET_EXT_CACHE`` to move the
+cache.
 """
 
 from __future__ import annotations
@@ -14,37 +18,51 @@ import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
-SOURCE_ROOT = Path(__file__).resolve().parents[3] / "ops"
+_PACKAGE = Path(__file__).resolve().parents[2]
+# Installed package first, then the checkout the package was imported from.
+SOURCE_ROOTS = (_PACKAGE / "_ops", _PACKAGE.parent / "ops")
 
 _loaded: Dict[str, Union[ModuleType, str]] = {}
 
+# -fno-trapping-math lets the compiler vectorise branch-free selects and floor (nothing
+# here runs with floating-point traps enabled; NaN and inf are still honoured). The
+# instruction set (-march) is the caller's: one build per variant.
+FLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math"]
+
 
 def _cpu_model() -> str:
+    """The CPU's model and feature lines, for the key of a build tied to this CPU."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "flags", "Features")):
-                    return line
+            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features"))]
+        return "".join(sorted(set(lines)))
     except OSError:
-        pass
-    return platform.processor()
+        return platform.processor()
 
 
-# -fno-trapping-math lets the compiler vectorise branch-free selects and floor (nothing
-# here runs with floating-point traps enabled; NaN and inf are still honoured).
-FLAGS = ["-O3", "-fopenmp", "-march=native", "-ffp-contract=fast", "-fno-trapping-math"]
+def source_root(relative_sources: Sequence[str]) -> Optional[Path]:
+    """The first of ``SOURCE_ROOTS`` holding every one of ``relative_sources``, or None."""
+    for root in SOURCE_ROOTS:
+        if all((root / rel).is_file() for rel in relative_sources):
+            return root
+    return None
 
 
-def cache_dir(name: str, sources: List[Path]) -> Path:
-    """The build folder for extension ``name`` from ``sources`` and ``FLAGS`` on this machine."""
+def cache_dir(
+    name: str, sources: Sequence[Path], flags: Sequence[str], cpu_specific: bool = False
+) -> Path:
+    """The build folder for extension ``name`` from ``sources`` compiled with ``flags``."""
     digest = hashlib.sha256()
     for src in sources:
         digest.update(src.read_bytes())
-    for part in (*FLAGS, torch.__version__, sys.version, platform.machine(), _cpu_model()):
+    parts = [*flags, torch.__version__, sys.version, platform.machine()]
+    if cpu_specific:
+        parts.append(_cpu_model())
+    for part in parts:
         digest.update(part.encode())
     root = Path(os.environ.get("NPUDET_EXT_CACHE", Path.home() / ".cache" / "npudet" / "ext"))
     return root / f"{name}-{digest.hexdigest()[:16]}"
@@ -58,28 +76,40 @@ def compiler_missing() -> Optional[str]:
     return None
 
 
-def load_extension(name: str, relative_sources: List[str]) -> Union[ModuleType, str]:
-    """Build (once) and import an extension; on failure return the reason as a string."""
+def load_extension(
+    name: str,
+    relative_sources: List[str],
+    extra_flags: Sequence[str] = (),
+    cpu_specific: bool = False,
+) -> Union[ModuleType, str]:
+    """Build (once) and import extension ``name``; on failure return the reason as a string.
+
+    ``relative_sources`` are paths under ``ops/``; ``extra_flags`` follow ``FLAGS`` (e.g.
+    ``-march=x86-64-v3``); ``cpu_specific`` keys the cache by this CPU (``-march=native``).
+    Each distinct build needs a distinct ``name``: torch imports an extension by name.
+    """
     if name in _loaded:
         return _loaded[name]
     missing = compiler_missing()
     if missing:
         _loaded[name] = missing
         return missing
-    sources = [SOURCE_ROOT / rel for rel in relative_sources]
-    absent = [str(s) for s in sources if not s.is_file()]
-    if absent:
-        _loaded[name] = f"kernel sources not found: {absent} (install npudet from a checkout)"
+    root = source_root(relative_sources)
+    if root is None:
+        searched = [str(r) for r in SOURCE_ROOTS]
+        _loaded[name] = f"kernel sources {relative_sources} not found under {searched}"
         return _loaded[name]
     from torch.utils.cpp_extension import load
 
-    build = cache_dir(name, sources)
+    sources = [root / rel for rel in relative_sources]
+    flags = [*FLAGS, *extra_flags]
+    build = cache_dir(name, sources, flags, cpu_specific)
     build.mkdir(parents=True, exist_ok=True)
     try:
         module = load(
             name=name,
             sources=[str(s) for s in sources],
-            extra_cflags=FLAGS,
+            extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             build_directory=str(build),
             verbose=False,
