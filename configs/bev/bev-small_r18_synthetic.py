@@ -4,7 +4,7 @@
 # cells over +-25 m, 2 encoder + 3 decoder layers, queue of 2 frames. Two-stage head: every
 # BEV cell proposes a box, the best 50 seed the decoder; matching weighs the centre (u, v)
 # 5x, so queries are assigned to the objects they are near. 12 epochs = 768 iterations.
-_base_ = ['mmdet::_base_/default_runtime.py']
+_base_ = ['../_base_/default_runtime.py']
 custom_imports = dict(
     imports=[
         'npudet.models', 'npudet.models.bev', 'npudet.datasets.bev',

@@ -2,10 +2,11 @@
 # from scratch on CPU: ResNet-18 at half width, 128-d transformer, 3+3 layers, 50 queries.
 # The model mirrors mmdet's deformable-detr-refine-twostage_r50_16xb2-50e_coco.py.
 _base_ = [
-    '../_base_/datasets/shapes_detection.py', 'mmdet::_base_/default_runtime.py'
+    '../_base_/datasets/shapes_detection.py', '../_base_/default_runtime.py'
 ]
 custom_imports = dict(
-    imports=['npudet.models', 'npudet.engine'], allow_failed_imports=False)
+    imports=['npudet.models', 'npudet.engine', 'npudet.evaluation'],
+    allow_failed_imports=False)
 
 embed_dims = 128
 ffn_dims = 512

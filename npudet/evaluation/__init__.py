@@ -1,6 +1,19 @@
-"""BEV 3D detection evaluation (importing this registers ``BEVDetMetric`` in mmdet METRICS)."""
+"""Evaluation: BEV 3D detection and COCO boxes on a chosen backend.
+
+Importing this registers ``BEVDetMetric`` and ``FastCocoMetric`` in mmdet's METRICS.
+"""
 
 from .bev_metric import BEVDetMetric
 from .center_distance import evaluate_center_distance
+from .coco_backend import BACKENDS, CocoBackend, coco_backend, faster_coco_eval_available
+from .coco_metric import FastCocoMetric
 
-__all__ = ["BEVDetMetric", "evaluate_center_distance"]
+__all__ = [
+    "BACKENDS",
+    "BEVDetMetric",
+    "CocoBackend",
+    "FastCocoMetric",
+    "coco_backend",
+    "evaluate_center_distance",
+    "faster_coco_eval_available",
+]
