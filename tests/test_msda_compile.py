@@ -9,6 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from npudet.ops import multi_scale_deformable_attn
 from npudet.ops.msda import cpu_impl
+from npudet.ops.msda.cpu_options import CPUKernelOptions
 
 
 def _layer(impl):
@@ -48,10 +49,16 @@ def test_compile_fullgraph_forward_and_backward(impl, backend):
 
 
 @pytest.mark.parametrize(
-    "variant",
-    [cpu_impl.FUSED, cpu_impl.FUSED | cpu_impl.ATOMIC, cpu_impl.FUSED | cpu_impl.OWNER, 0],
+    "options",
+    [
+        CPUKernelOptions(),
+        CPUKernelOptions(backward="atomic"),
+        CPUKernelOptions(backward="owner", order="head"),
+        CPUKernelOptions(fused_corners=False, prefetch=False),
+    ],
 )
-def test_fake_kernels_match_real_shapes(variant):
+def test_fake_kernels_match_real_shapes(options):
+    variant = options.as_ints()
     inputs = random_inputs(batch=3, queries=4, heads=2, dim=5)
     real_out = cpu_impl.msda_cpu_forward(*inputs, variant)
     grad = torch.randn_like(real_out)
@@ -67,7 +74,8 @@ def test_fake_kernels_match_real_shapes(variant):
 
 def test_custom_op_passes_torch_opcheck():
     inputs = random_inputs(dtype=torch.float64, low=0.1, high=0.9)
-    args = (*[t.clone().requires_grad_(t.is_floating_point()) for t in inputs], cpu_impl.FUSED)
+    leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    args = (*leaves, CPUKernelOptions().as_ints())
     torch.library.opcheck(cpu_impl.msda_cpu_forward, args)
 
 

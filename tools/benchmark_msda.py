@@ -1,33 +1,84 @@
 """Time MSDA implementations side by side on the shapes of real models.
 
     python tools/benchmark_msda.py --threads 2 --json results/msda_cpu.json
+    python tools/benchmark_msda.py --cases ddetr-enc --threads 2 --runs 3 --json r.json
 
 Every implementation runs in this one process, interleaved round by round after a
 warm-up, so machine noise hits all of them alike; the table gives medians and ratios
 against ``grid_sample``. Outputs and all three gradients are checked against it.
+
+On the CPU a gather-only probe (``cpu_probe``: the corner rows each sample reads, summed,
+nothing else computed) is timed in the same rounds: its time is the machine's row-load
+limit for the case, and ``fwd / limit`` and ``bwd / limit`` say how far each
+implementation is from it. The header and the JSON name the CPU model, its vector
+features, ATen's capability and the ``cpu`` kernel's instruction-set variant.
+
+``--runs N`` runs the whole benchmark N times in separate processes and reports, per
+cell, the median of the runs and their spread (min-max): ratios are taken within each run,
+where both sides met the same machine state, then summarised.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npudet.ops import msda_impls, multi_scale_deformable_attn  # noqa: E402
-from npudet.ops.msda import get_impl, msda_variants, validate_inputs  # noqa: E402
+from npudet.ops.msda import cpu_isa, cpu_probe, get_impl, msda_variants, validate_inputs  # noqa: E402
 from npudet.ops.msda.cases import CASES, make_inputs, parse_case  # noqa: E402
 from npudet.ops.msda.cpu_impl import isa  # noqa: E402
 
 BASELINE = "grid_sample"
 DEFAULT_CASES = [*CASES, "ddetr-enc:uniform"]
+# Vector features worth naming in the header (/proc/cpuinfo names), where the CPU has them.
+FEATURES = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "asimd",
+    "sve",
+)
+TIMES = ("fwd_ms", "bwd_ms", "fwd_bwd_ms")
+
+
+def machine_info() -> dict:
+    """The CPU model, its vector features, ATen's capability and the cpu kernel variant."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model
+            )
+    except OSError:
+        pass
+    flags = cpu_isa.cpu_flags()
+    return {
+        "cpu_model": model,
+        "cpu_features": [f for f in FEATURES if flags and f in flags],
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_kernel_variant": isa(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _accelerator(device: str):
@@ -123,6 +174,7 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
         case.batch, case.num_queries, case.num_heads * case.head_dim, generator=gen
     ).to(device)
     runners = {name: Runner(name, inputs, grad) for name in impls}
+    probe = make_probe(inputs, case) if device == "cpu" else None
     reference = runners[BASELINE].grads() if BASELINE in runners else None
     errors = {}
     for name, runner in runners.items():
@@ -138,9 +190,13 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
             )
             errors[name] = (out_err, grad_err)
     rounds: Dict[str, List[Dict[str, float]]] = {name: [] for name in impls}
+    limits: List[float] = []
     for _ in range(repeat):
         for name in impls:
             rounds[name].append(runners[name].time_round(device))
+        if probe is not None:
+            limits.append(_timed(probe, device))
+    limit = statistics.median(limits) if limits else float("nan")
     rows = []
     for name in impls:
         row = {"case": spec, "impl": name}
@@ -148,31 +204,135 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
             row[key] = statistics.median(r[key] for r in rounds[name])
         row["peak_mem_mb"] = peak_memory_mb(runners[name], device)
         row["max_abs_err"], row["max_rel_grad_err"] = errors[name]
+        row["limit_ms"] = limit
         rows.append(row)
+    return derive(rows)
+
+
+def make_probe(inputs: Tuple[torch.Tensor, ...], case) -> Optional[Callable[[], object]]:
+    """The gather-only probe of this case (its corner rows listed once, here), or None
+    without the cpu kernel."""
+    if isa() is None:
+        return None
+    value, shapes, starts, loc, _ = inputs
+    index = cpu_probe.corner_rows(value, shapes, starts, loc)
+    rows = value.reshape(-1, value.shape[-1]).float().contiguous()
+    grain = cpu_probe.forward_grain(case.num_heads, len(case.levels), case.num_points)
+    cpu_probe.gather_probe(rows, index, grain)  # warm-up
+    return lambda: cpu_probe.gather_probe(rows, index, grain)
+
+
+def derive(rows: List[dict]) -> List[dict]:
+    """Adds the ratios of each row: speed-up and memory against the baseline's row of the
+    same case, and fwd / bwd time over the probe's (the row-load limit)."""
+    base = {r["case"]: r for r in rows if r["impl"] == BASELINE}
+    nan = float("nan")
+    for r in rows:
+        b = base.get(r["case"])
+        for key in TIMES:
+            r[key.replace("_ms", "_x")] = b[key] / r[key] if b else nan
+        r["mem_ratio"] = r["peak_mem_mb"] / b["peak_mem_mb"] if b and b["peak_mem_mb"] else nan
+        r["fwd_x_limit"] = r["fwd_ms"] / r["limit_ms"]
+        r["bwd_x_limit"] = r["bwd_ms"] / r["limit_ms"]
     return rows
 
 
+# (header, key, format) of the table's columns.
+COLUMNS = (
+    ("fwd ms", "fwd_ms", ".2f"),
+    ("bwd ms", "bwd_ms", ".2f"),
+    ("fwd+bwd ms", "fwd_bwd_ms", ".2f"),
+    ("fwd x", "fwd_x", ".1f"),
+    ("bwd x", "bwd_x", ".1f"),
+    ("fwd+bwd x", "fwd_bwd_x", ".1f"),
+    ("limit ms", "limit_ms", ".2f"),
+    ("fwd / limit", "fwd_x_limit", ".2f"),
+    ("bwd / limit", "bwd_x_limit", ".2f"),
+    ("peak MB", "peak_mem_mb", ".1f"),
+    ("mem / base", "mem_ratio", ".2f"),
+    ("out max abs err", "max_abs_err", ".1e"),
+    ("grad max rel err", "max_rel_grad_err", ".1e"),
+)
+
+
+# Columns of a summary of runs that show the spread; the others show the median alone.
+SPREAD = {key for _, key, _ in COLUMNS[:9]}
+
+
+def _cell(value, fmt: str, spread: bool) -> str:
+    """A number, or a summary of runs as 'median (min-max)' (``spread``) or its median;
+    '-' when not measured."""
+    if isinstance(value, dict):
+        if value["median"] != value["median"]:
+            return "-"
+        if not spread:
+            return f"{value['median']:{fmt}}"
+        return f"{value['median']:{fmt}} ({value['min']:{fmt}}-{value['max']:{fmt}})"
+    return "-" if value != value else f"{value:{fmt}}"
+
+
 def markdown(rows: List[dict]) -> str:
-    base = {r["case"]: r for r in rows if r["impl"] == BASELINE}
+    """The results as a markdown table (x = speed-up over the baseline, / limit = time over
+    the gather-only probe's)."""
     lines = [
-        "| case | impl | fwd ms | bwd ms | fwd+bwd ms | fwd x | bwd x | fwd+bwd x "
-        "| peak MB | mem / base | out max abs err | grad max rel err |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | impl | " + " | ".join(h for h, _, _ in COLUMNS) + " |",
+        "|---|---|" + "---:|" * len(COLUMNS),
     ]
     for r in rows:
-        b = base.get(r["case"])
-
-        def ratio(key: str, r=r, b=b) -> str:
-            return f"{b[key] / r[key]:.1f}" if b else "-"
-
-        mem = f"{r['peak_mem_mb'] / b['peak_mem_mb']:.2f}" if b and b["peak_mem_mb"] else "-"
-        lines.append(
-            f"| {r['case']} | {r['impl']} | {r['fwd_ms']:.2f} | {r['bwd_ms']:.2f} "
-            f"| {r['fwd_bwd_ms']:.2f} | {ratio('fwd_ms')} | {ratio('bwd_ms')} "
-            f"| {ratio('fwd_bwd_ms')} | {r['peak_mem_mb']:.1f} | {mem} | {r['max_abs_err']:.1e} "
-            f"| {r['max_rel_grad_err']:.1e} |"
-        )
+        cells = [_cell(r[key], fmt, key in SPREAD) for _, key, fmt in COLUMNS]
+        lines.append(f"| {r['case']} | {r['impl']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def summarize(runs: List[List[dict]]) -> List[dict]:
+    """Per (case, impl) and numeric key, the median, min and max over the runs."""
+    summary = []
+    for first in runs[0]:
+        same = [
+            next(r for r in run if (r["case"], r["impl"]) == (first["case"], first["impl"]))
+            for run in runs
+        ]
+        row = {"case": first["case"], "impl": first["impl"], "runs": len(runs)}
+        for key, value in first.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values = [r[key] for r in same]
+                row[key] = {
+                    "median": statistics.median(values),
+                    "min": min(values),
+                    "max": max(values),
+                }
+        summary.append(row)
+    return summary
+
+
+def run_separately(argv: List[str], runs: int) -> List[dict]:
+    """Runs this tool ``runs`` times in separate processes with ``argv`` (no --runs/--json);
+    each run's JSON payload, in order."""
+    payloads = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(runs):
+            out = Path(tmp) / f"run{i}.json"
+            cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--json", str(out)]
+            print(f"[benchmark] run {i + 1}/{runs}", file=sys.stderr, flush=True)
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            payloads.append(json.loads(out.read_text()))
+    return payloads
+
+
+def _strip_runs_and_json(argv: List[str]) -> List[str]:
+    """argv without --runs and --json (and their values)."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--runs", "--json"):
+            skip = True
+            continue
+        if arg.startswith(("--runs=", "--json=")):
+            continue
+        kept.append(arg)
+    return kept
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -192,7 +352,16 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds per case")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="separate processes to run the benchmark in; > 1 reports the median and the "
+        "spread (min-max) of the runs per cell",
+    )
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs: expected a positive integer")
     if args.threads is not None:
         if args.threads < 1:
             parser.error("--threads: expected a positive integer")
@@ -212,21 +381,47 @@ def main(argv: List[str] | None = None) -> int:
             parse_case(spec)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.runs > 1:
+        argv = sys.argv[1:] if argv is None else argv
+        payloads = run_separately(_strip_runs_and_json(argv), args.runs)
+        summary = summarize([p["results"] for p in payloads])
+        info = payloads[0]["machine"]
+        print(_header(info, args, f"median (min-max) of {args.runs} separate runs, each the "))
+        print(markdown(summary))
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            payload = {"machine": info, "runs": payloads, "summary": summary}
+            args.json.write_text(json.dumps(payload, indent=2))
+        return 0
     rows: List[dict] = []
     for spec in specs:
         rows.extend(run_case(spec, impls, args.repeat, args.device))
         print(f"[benchmark] {spec} done", file=sys.stderr, flush=True)
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
-        f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE}"
-    )
-    print(f"cpu kernel variant {isa()}, ATen {torch.backends.cpu.get_cpu_capability()}")
+    info = machine_info()
+    print(_header(info, args, ""))
     print(markdown(rows))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"torch": torch.__version__, "threads": torch.get_num_threads(), "results": rows}
+        payload = {
+            "torch": info["torch"],
+            "threads": info["threads"],
+            "machine": info,
+            "repeat": args.repeat,
+            "results": rows,
+        }
         args.json.write_text(json.dumps(payload, indent=2))
     return 0
+
+
+def _header(info: dict, args: argparse.Namespace, runs: str) -> str:
+    return (
+        f"{info['cpu_model']} ({' '.join(info['cpu_features']) or 'no listed features'}), "
+        f"ATen capability {info['aten_capability']}, cpu kernel variant "
+        f"{info['cpu_kernel_variant']}\n"
+        f"torch {info['torch']}, {info['threads']} threads, device {args.device}, {runs}"
+        f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE}; "
+        f"limit = gather-only probe (corner rows loaded, nothing computed)"
+    )
 
 
 if __name__ == "__main__":

@@ -7,25 +7,35 @@
 //   loc      (B, Q, NH, L, P, 2)  x, y in [0, 1]
 //   attn     (B, Q, NH, L, P)
 //   out      (B, Q, NH, D)
-// Design (each choice can be switched off by a variant bit, so its worth can be measured):
+// Design. Each choice is a field of KernelOptions (Python: cpu_options.CPUKernelOptions) and
+// a compile-time template parameter, so the hot loops carry no branch on it and an
+// ablation variant changes exactly one:
 //   * nothing sampled is materialised: per output row (b, q, h) the corners of all its
-//     levels x points are planned (offsets, weights, software prefetch of the rows and,
-//     kStreamAhead rows ahead, of the per-row inputs: kNoPrefetch turns both off) one row
-//     ahead of their use, then weighted and accumulated in a register accumulator
-//     (forward) or scattered at once (backward); the fractions and weights of a row's
-//     samples are computed together in one branch-free loop the compiler vectorises;
-//   * kFused: the four corners of a sample are read in ONE pass over D (out-of-map corners
-//     read a zero row / write a sink row); without it, one pass per corner;
-//   * work is ordered query by query, all heads of a query in turn (their rows of a pixel
-//     are one contiguous block); kHeadMajor orders it head by head instead;
+//     levels x points are planned (offsets, weights) one row ahead of their use, then
+//     weighted and accumulated in a register accumulator (forward) or scattered at once
+//     (backward); the fractions and weights of a row's samples are computed together in
+//     one branch-free loop the compiler vectorises;
+//   * PREFETCH (prefetch): the planned corner rows, and kStreamAhead rows ahead the per-row
+//     inputs, are software-prefetched;
+//   * FUSED (fused): the four corners of a sample are read in ONE pass over D
+//     (out-of-map corners read a zero row / write a sink row); without it, one pass per
+//     corner;
+//   * HEAD_MAJOR (head_major): work is ordered query by query, all heads of a query in turn
+//     (their rows of a pixel are one contiguous block), or head by head, a block of
+//     kQueryBlock queries per work item;
 //   * the backward's per-sample dot products reduce in registers as a tree of vector
 //     halves, not as a serial chain of scalar adds;
-//   * backward grad_value without contention: kPrivate gives each thread a contiguous
-//     range of work; it writes grad_value directly except in the one batch entry it may
-//     share with the previous thread, which goes to a private copy added at the end;
-//     kOwner partitions work by (batch, head) so each grad_value slice has one writer;
-//     kAtomic parallelises over queries and adds atomically. With none of them set the
-//     kernel takes kPrivate while the copies stay small, else kOwner.
+//   * backward grad_value (backward):
+//       kAuto  - private copies while their extra memory stays within private_budget_bytes,
+//                else ownership: each thread takes a contiguous range of work and writes
+//                grad_value directly, except in the one batch entry it may share with the
+//                previous thread, which goes to a private copy (one batch slice, K*NH*D)
+//                added at the end: at most threads - 1 slices;
+//       kOwner - work partitioned by (batch, head) so each grad_value slice has one writer;
+//                with fewer pairs than threads the queries are split into chunks, every
+//                chunk but the first writing a private copy of grad_value (B*K*NH*D),
+//                as many chunks as private_budget_bytes allows (one: no copy);
+//       kAtomic - parallel over the work items, adding atomically into grad_value.
 //   * all offsets are int64.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
@@ -33,19 +43,55 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
 
-constexpr int64_t kFused = 1;
-constexpr int64_t kAtomic = 2;
-constexpr int64_t kPrivate = 4;
-constexpr int64_t kOwner = 8;
-constexpr int64_t kNoPrefetch = 16;
-constexpr int64_t kHeadMajor = 32;
+// The kernel's design choices; parsed from the ints of CPUKernelOptions.as_ints().
+enum class Backward : int64_t { kAuto = 0, kOwner = 1, kAtomic = 2 };
 
-// kPrivate is taken automatically while the extra grad_value copies stay under this.
-constexpr int64_t kPrivateBudgetBytes = int64_t(1) << 28;
+struct KernelOptions {
+  Backward backward = Backward::kAuto;
+  bool fused = true;
+  bool prefetch = true;
+  bool head_major = false;
+  int64_t private_budget_bytes = int64_t(1) << 28;
+};
+
+constexpr size_t kNumOptions = 5;
+
+KernelOptions parse_options(const std::vector<int64_t>& o) {
+  TORCH_CHECK_VALUE(o.size() == kNumOptions, "options: expected ", kNumOptions,
+                    " ints [backward, fused, prefetch, head_major, private_budget_bytes], got ",
+                    o.size());
+  TORCH_CHECK_VALUE(o[0] >= 0 && o[0] <= 2, "options: backward code ", o[0],
+                    " unknown; expected 0 (auto), 1 (owner) or 2 (atomic)");
+  for (size_t i = 1; i < 4; ++i) {
+    TORCH_CHECK_VALUE(o[i] == 0 || o[i] == 1, "options[", i, "]: expected 0 or 1, got ", o[i]);
+  }
+  TORCH_CHECK_VALUE(o[4] >= 0, "options: private_budget_bytes must be >= 0, got ", o[4]);
+  KernelOptions k;
+  k.backward = static_cast<Backward>(o[0]);
+  k.fused = o[1];
+  k.prefetch = o[2];
+  k.head_major = o[3];
+  k.private_budget_bytes = o[4];
+  return k;
+}
+
+// Calls f(std::integral_constant<bool, b>{}): a runtime choice becomes a template argument.
+template <typename F>
+inline void with_bool(bool b, F&& f) {
+  if (b) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
 
 struct Dims {
   int64_t B, K, NH, D, L, Q, P;
@@ -130,19 +176,19 @@ inline void plan_samples(const T* __restrict xy, const T* __restrict Hf, const T
   }
 }
 
-// Plans row (b, q, h) and, when `prefetch`, prefetches its corner rows of value and (in
+// Plans row (b, q, h) and, with PREFETCH, prefetches its corner rows of value and (in
 // the backward, gvalue != nullptr) of the grad_value rows written at gvalue + off - gshift.
 // Semantics of grid_sample(bilinear, zeros, align_corners=False): x = loc_x * W - 0.5; a
 // sample with no corner inside the map (also NaN/inf, which fail every comparison) gets
 // zero weights and no corners. x = -1 is kept: its right corner has weight 0 but a
 // gradient, exactly as in grid_sample.
-template <typename T>
+template <bool PREFETCH, typename T>
 void plan_row(const T* value, const SampleTable<T>& tab, const T* loc, int64_t b, int64_t bq,
-              int64_t h, const Dims& d, int64_t D, bool prefetch, RowPlan<T>& plan,
+              int64_t h, const Dims& d, int64_t D, RowPlan<T>& plan,
               const T* gvalue = nullptr, int64_t gshift = 0) {
   const int64_t n = d.L * d.P;
   const int64_t row = bq * d.NH + h;
-  if (prefetch) prefetch_ahead(loc, row, d.rows(), 2 * n);
+  if constexpr (PREFETCH) prefetch_ahead(loc, row, d.rows(), 2 * n);
   plan_samples(loc + 2 * row * n, tab.Hf.data(), tab.Wf.data(), n, plan.w.data(), plan.fx.data(),
                plan.fy.data(), plan.x0.data(), plan.y0.data(), plan.in.data());
   const int32_t* x0 = plan.x0.data();
@@ -161,7 +207,7 @@ void plan_row(const T* value, const SampleTable<T>& tab, const T* loc, int64_t b
     off[1] = (ya && xb) ? o + row_stride : -1;
     off[2] = (yb && xa) ? o + W * row_stride : -1;
     off[3] = (yb && xb) ? o + (W + 1) * row_stride : -1;
-    if (!prefetch) continue;
+    if constexpr (!PREFETCH) continue;
     for (int k = 0; k < 4; ++k) {
       if (off[k] < 0) continue;
       prefetch_row<0>(value + off[k], D);
@@ -172,17 +218,22 @@ void plan_row(const T* value, const SampleTable<T>& tab, const T* loc, int64_t b
 
 // The output row (b, q, h) = sum over levels x points of attn * bilinear(value), from the
 // row's plan.
-template <typename T, int DC, bool FUSED>
+template <typename T, int DC, bool FUSED, bool PREFETCH>
 inline void forward_row(const T* value, const T* attn, T* out, int64_t bq, int64_t h,
-                        const Dims& d, const RowPlan<T>& plan, const T* zeros, T* acc,
-                        bool prefetch) {
+                        const Dims& d, const RowPlan<T>& plan, const T* zeros, T* acc) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
   const T* a_row = attn + (bq * d.NH + h) * n;
-  if (prefetch) prefetch_ahead(attn, bq * d.NH + h, d.rows(), n);
+  if constexpr (PREFETCH) prefetch_ahead(attn, bq * d.NH + h, d.rows(), n);
   for (int64_t c = 0; c < D; ++c) acc[c] = T(0);
+  // grid_sample's path multiplies a sample off the map (zeros) by its weight too: a NaN or
+  // inf weight there makes the whole row NaN. `missed` (a * 0 summed) carries that.
+  T missed = T(0);
   for (int64_t i = 0; i < n; ++i) {
-    if (!plan.in[i]) continue;
+    if (!plan.in[i]) {
+      missed += a_row[i] * T(0);
+      continue;
+    }
     const int64_t* off = &plan.off[4 * i];
     const T a = a_row[i];
     const T w[4] = {plan.w[i], plan.w[n + i], plan.w[2 * n + i], plan.w[3 * n + i]};
@@ -207,12 +258,12 @@ inline void forward_row(const T* value, const T* attn, T* out, int64_t bq, int64
     }
   }
   T* o = out + (bq * d.NH + h) * D;
-  for (int64_t c = 0; c < D; ++c) o[c] = acc[c];
+  for (int64_t c = 0; c < D; ++c) o[c] = acc[c] + missed;
 }
 
 // Work order. Query-major (default): items are (b, q), all heads of a query in turn; the
 // heads of a query sample around the same reference point, and the rows of one pixel for
-// all heads are one contiguous NH*D block. Head-major (kHeadMajor): items are (b, h,
+// all heads are one contiguous NH*D block. Head-major (HEAD_MAJOR): items are (b, h,
 // block of kQueryBlock queries), one head's queries in order. fn(b, bq, h) is called per
 // row; [begin, end) ranges over items.
 constexpr int64_t kQueryBlock = 64;
@@ -227,9 +278,9 @@ inline int64_t item_batch(const Dims& d, bool head_major, int64_t item) {
   return head_major ? item / (d.NH * num_blocks(d)) : item / d.Q;
 }
 
-template <typename F>
-inline void for_rows(const Dims& d, bool head_major, int64_t begin, int64_t end, F&& fn) {
-  if (!head_major) {
+template <bool HEAD_MAJOR, typename F>
+inline void for_rows(const Dims& d, int64_t begin, int64_t end, F&& fn) {
+  if constexpr (!HEAD_MAJOR) {
     for (int64_t bq = begin; bq < end; ++bq) {
       for (int64_t h = 0; h < d.NH; ++h) fn(bq / d.Q, bq, h);
     }
@@ -248,13 +299,13 @@ inline void for_rows(const Dims& d, bool head_major, int64_t begin, int64_t end,
 // The rows of items [begin, end) in order, software-pipelined: each row is planned (its
 // corner rows prefetched) one row before it is computed, so the prefetches have a whole
 // row's work to arrive. plan(b, bq, h, RowPlan&), compute(b, bq, h, const RowPlan&).
-template <typename T, typename Plan, typename Compute>
-inline void pipelined_rows(const Dims& d, bool head_major, int64_t begin, int64_t end,
+template <bool HEAD_MAJOR, typename T, typename Plan, typename Compute>
+inline void pipelined_rows(const Dims& d, int64_t begin, int64_t end,
                            RowPlan<T>* plans, Plan&& plan, Compute&& compute) {
   int64_t pb = 0, pbq = 0, ph = 0;
   bool pending = false;
   int buf = 0;
-  for_rows(d, head_major, begin, end, [&](int64_t b, int64_t bq, int64_t h) {
+  for_rows<HEAD_MAJOR>(d, begin, end, [&](int64_t b, int64_t bq, int64_t h) {
     plan(b, bq, h, plans[buf]);
     if (pending) compute(pb, pbq, ph, plans[buf ^ 1]);
     pb = b, pbq = bq, ph = h, pending = true;
@@ -263,27 +314,26 @@ inline void pipelined_rows(const Dims& d, bool head_major, int64_t begin, int64_
   if (pending) compute(pb, pbq, ph, plans[buf ^ 1]);
 }
 
-template <typename T, int DC, bool FUSED>
+template <typename T, int DC, bool FUSED, bool PREFETCH, bool HEAD_MAJOR>
 void forward_impl(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
-                  const T* attn, T* out, const Dims& d, bool prefetch, bool head_major) {
+                  const T* attn, T* out, const Dims& d) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
   const SampleTable<T> tab(shapes, starts, d);
-  const int64_t grain = head_major ? 1 : std::max<int64_t>(1, 256 / (d.NH * n));
-  at::parallel_for(0, num_items(d, head_major), grain, [&](int64_t begin, int64_t end) {
+  const int64_t grain = HEAD_MAJOR ? 1 : std::max<int64_t>(1, 256 / (d.NH * n));
+  at::parallel_for(0, num_items(d, HEAD_MAJOR), grain, [&](int64_t begin, int64_t end) {
     RowPlan<T> plans[2] = {RowPlan<T>(n), RowPlan<T>(n)};
     std::vector<T> zeros(D, T(0));
     std::vector<T> acc_dyn(DC > 0 ? 0 : D);
     alignas(64) T acc_fix[DC > 0 ? DC : 1];
     T* acc = DC > 0 ? acc_fix : acc_dyn.data();
-    pipelined_rows<T>(
-        d, head_major, begin, end, plans,
+    pipelined_rows<HEAD_MAJOR, T>(
+        d, begin, end, plans,
         [&](int64_t b, int64_t bq, int64_t h, RowPlan<T>& plan) {
-          plan_row(value, tab, loc, b, bq, h, d, D, prefetch, plan);
+          plan_row<PREFETCH>(value, tab, loc, b, bq, h, d, D, plan);
         },
         [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& plan) {
-          forward_row<T, DC, FUSED>(value, attn, out, bq, h, d, plan, zeros.data(), acc,
-                                    prefetch);
+          forward_row<T, DC, FUSED, PREFETCH>(value, attn, out, bq, h, d, plan, zeros.data(), acc);
         });
   });
 }
@@ -334,8 +384,9 @@ inline T hsum(Vec<T, BYTES> v) {
 template <typename T>
 constexpr int64_t kLanes = kVecBytes / static_cast<int64_t>(sizeof(T));
 
-// dot(g, v_k) for the four corners and gv_k += w_k * g, in one pass over D.
-template <typename T, int DC>
+// dot(g, v_k) for the four corners and gv_k += w_k * g (atomically with ATOMIC), in one
+// pass over D.
+template <typename T, int DC, bool ATOMIC>
 inline void fused_corner_grads(const T* g, const T* const* v, T* const* gv, const T* wk,
                                int64_t Dd, T* dots) {
   const int64_t D = DC > 0 ? DC : Dd;
@@ -346,14 +397,26 @@ inline void fused_corner_grads(const T* g, const T* const* v, T* const* gv, cons
     const Vec<T> gc = load<T>(g + c);
     for (int k = 0; k < 4; ++k) {
       p[k] += gc * load<T>(v[k] + c);
-      store<T>(gv[k] + c, load<T>(gv[k] + c) + wk[k] * gc);
+      if constexpr (ATOMIC) {
+        for (int64_t j = 0; j < VL; ++j) {
+#pragma omp atomic
+          gv[k][c + j] += wk[k] * g[c + j];
+        }
+      } else {
+        store<T>(gv[k] + c, load<T>(gv[k] + c) + wk[k] * gc);
+      }
     }
   }
   T tail[4] = {0, 0, 0, 0};
   for (; c < D; ++c) {
     for (int k = 0; k < 4; ++k) {
       tail[k] += g[c] * v[k][c];
-      gv[k][c] += wk[k] * g[c];
+      if constexpr (ATOMIC) {
+#pragma omp atomic
+        gv[k][c] += wk[k] * g[c];
+      } else {
+        gv[k][c] += wk[k] * g[c];
+      }
     }
   }
   for (int k = 0; k < 4; ++k) dots[k] = hsum<T>(p[k]) + tail[k];
@@ -396,16 +459,15 @@ struct BackwardScratch {
 
 // Gradients of one output row (b, q, h) over all its levels and points, from the row's
 // plan. grad_value rows are written at gvalue + (offset - gshift).
-template <typename T, int DC, bool FUSED, bool ATOMIC>
+template <typename T, int DC, bool FUSED, bool PREFETCH, bool ATOMIC>
 inline void backward_row(const T* value, const SampleTable<T>& tab, const T* attn, const T* gout,
                          T* gvalue, int64_t gshift, T* gloc, T* gattn, int64_t bq, int64_t h,
-                         const Dims& d, const RowPlan<T>& plan, BackwardScratch<T>& scratch,
-                         bool prefetch) {
+                         const Dims& d, const RowPlan<T>& plan, BackwardScratch<T>& scratch) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
   const int64_t row = bq * d.NH + h;
   const T* g = gout + row * D;
-  if (prefetch) {
+  if constexpr (PREFETCH) {
     prefetch_ahead(gout, row, d.rows(), D);
     prefetch_ahead(attn, row, d.rows(), n);
   }
@@ -414,16 +476,19 @@ inline void backward_row(const T* value, const SampleTable<T>& tab, const T* att
   T* gl_row = gloc + 2 * row * n;
   for (int64_t i = 0; i < n; ++i) {
     if (!plan.in[i]) {
+      // As in grid_sample's path: the location gradient of a sample off the map is
+      // 0 * its weight (NaN for a NaN or inf weight), the weight's gradient is 0.
+      const T zero = a_row[i] * T(0);
       ga_row[i] = T(0);
-      gl_row[2 * i] = T(0);
-      gl_row[2 * i + 1] = T(0);
+      gl_row[2 * i] = zero;
+      gl_row[2 * i + 1] = zero;
       continue;
     }
     const int64_t* off = &plan.off[4 * i];
     const T w[4] = {plan.w[i], plan.w[n + i], plan.w[2 * n + i], plan.w[3 * n + i]};
     const T a = a_row[i];
     T dots[4] = {0, 0, 0, 0};
-    if (FUSED && !ATOMIC) {
+    if constexpr (FUSED) {
       const T* v[4];
       T* gv[4];
       T wa[4];
@@ -432,7 +497,7 @@ inline void backward_row(const T* value, const SampleTable<T>& tab, const T* att
         gv[k] = off[k] >= 0 ? gvalue + (off[k] - gshift) : scratch.sink.data();
         wa[k] = a * w[k];
       }
-      fused_corner_grads<T, DC>(g, v, gv, wa, D, dots);
+      fused_corner_grads<T, DC, ATOMIC>(g, v, gv, wa, D, dots);
     } else {
       for (int k = 0; k < 4; ++k) {
         if (off[k] < 0) continue;
@@ -459,89 +524,133 @@ void add_into(T* dst, const T* src, int64_t numel) {
   });
 }
 
-template <typename T, int DC, bool FUSED>
-void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts, const T* loc,
-                   const T* attn, const T* gout, T* gvalue, T* gloc, T* gattn, const Dims& d,
-                   int64_t variant) {
+// How the backward writes grad_value, resolved before the work starts.
+enum class Strategy { kPrivate, kOwner, kAtomic };
+
+struct BackwardPlan {
+  Strategy strategy;
+  int64_t threads;      // workers of the private strategy
+  int64_t chunks;       // query chunks of the ownership strategy
+  int64_t extra_bytes;  // private grad_value copies
+};
+
+// The range of items thread t of `threads` takes in the private strategy.
+inline std::pair<int64_t, int64_t> item_range(int64_t items, int64_t threads, int64_t t) {
+  return {items * t / threads, items * (t + 1) / threads};
+}
+
+// Whether thread t's first item shares its batch entry with thread t - 1's last one.
+inline bool shares_first_batch(const Dims& d, bool head_major, int64_t items, int64_t threads,
+                               int64_t t) {
+  const auto [r0, r1] = item_range(items, threads, t);
+  return r0 > 0 && r0 < r1 && item_batch(d, head_major, r0 - 1) == item_batch(d, head_major, r0);
+}
+
+// The strategy `o` gives for these sizes on at::get_num_threads() threads, with the
+// extra memory of its private copies: auto takes private copies (at most threads - 1 batch
+// slices) while they fit private_budget_bytes, else ownership, whose copies (chunks - 1
+// whole grad_values) are kept within the same budget by taking fewer chunks.
+BackwardPlan plan_backward(const Dims& d, const KernelOptions& o, int64_t elem_bytes) {
+  const int64_t slice = d.K * d.NH * d.D;  // grad_value elements of one batch entry
+  const int64_t items = num_items(d, o.head_major);
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  if (o.backward == Backward::kAtomic) return {Strategy::kAtomic, threads, 1, 0};
+  if (o.backward == Backward::kAuto) {
+    int64_t copies = 0;
+    for (int64_t t = 1; t < threads; ++t) {
+      copies += shares_first_batch(d, o.head_major, items, threads, t);
+    }
+    const int64_t extra = copies * slice * elem_bytes;
+    if (extra <= o.private_budget_bytes) return {Strategy::kPrivate, threads, 1, extra};
+  }
+  const int64_t pairs = d.B * d.NH;
+  const int64_t numel_bytes = std::max<int64_t>(1, d.B * slice * elem_bytes);
+  const int64_t chunks = std::max<int64_t>(
+      1, std::min<int64_t>({(threads + pairs - 1) / pairs, d.Q, 8,
+                            1 + o.private_budget_bytes / numel_bytes}));
+  return {Strategy::kOwner, threads, chunks, (chunks - 1) * numel_bytes};
+}
+
+// Pointers of one backward call.
+template <typename T>
+struct BackwardArgs {
+  const T *value, *loc, *attn, *gout;
+  T *gvalue, *gloc, *gattn;
+};
+
+// Atomic strategy: items in parallel, grad_value added atomically.
+template <typename T, int DC, bool FUSED, bool PREFETCH, bool HEAD_MAJOR>
+void backward_atomic(const BackwardArgs<T>& a, const SampleTable<T>& tab, const Dims& d) {
   const int64_t D = DC > 0 ? DC : d.D;
   const int64_t n = d.L * d.P;
-  const SampleTable<T> tab(shapes, starts, d);
-  const bool prefetch = !(variant & kNoPrefetch);
-  const bool head_major = variant & kHeadMajor;
-  const int64_t slice = d.K * d.NH * D;  // grad_value elements of one batch entry
-  const int64_t items = num_items(d, head_major);
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
-  auto plan_into = [&](const T* target, int64_t shift) {
-    return [&, target, shift](int64_t b, int64_t bq, int64_t h, RowPlan<T>& p) {
-      plan_row(value, tab, loc, b, bq, h, d, D, prefetch, p, target, shift);
-    };
-  };
-  // Private strategy: thread t takes the t-th contiguous range of items and writes
-  // grad_value directly, except in the batch entry its range shares with the previous
-  // thread's (at most its first one), which it accumulates in a private copy of that
-  // entry; the copies are added at the end.
-  auto range = [&](int64_t t) { return std::make_pair(items * t / threads, items * (t + 1) / threads); };
-  auto shares_first_batch = [&](int64_t t) {
-    const auto [r0, r1] = range(t);
-    return r0 > 0 && r0 < r1 && item_batch(d, head_major, r0 - 1) == item_batch(d, head_major, r0);
-  };
-  int64_t strategy = variant & (kAtomic | kPrivate | kOwner);
-  if (strategy == 0) {
-    int64_t copies = 0;
-    for (int64_t t = 1; t < threads; ++t) copies += shares_first_batch(t);
-    const int64_t extra = copies * slice * static_cast<int64_t>(sizeof(T));
-    strategy = extra <= kPrivateBudgetBytes ? kPrivate : kOwner;
-  }
-  if (strategy & kAtomic) {
-    const int64_t grain = std::max<int64_t>(1, 256 / (d.NH * n));
-    at::parallel_for(0, d.B * d.Q, grain, [&](int64_t begin, int64_t end) {
-      BackwardScratch<T> scratch(n, D);
-      pipelined_rows<T>(d, false, begin, end, scratch.plans, plan_into(gvalue, 0),
-                        [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& p) {
-                          backward_row<T, DC, FUSED, true>(value, tab, attn, gout, gvalue, 0,
-                                                           gloc, gattn, bq, h, d, p, scratch,
-                                                           prefetch);
-                        });
-    });
-    return;
-  }
-  if (strategy & kPrivate) {
-    std::vector<std::vector<T>> copies(threads);
-    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-      BackwardScratch<T> scratch(n, D);
-      for (int64_t t = begin; t < end; ++t) {
-        const auto [r0, r1] = range(t);
-        if (r0 >= r1) continue;
-        const int64_t shared_b = shares_first_batch(t) ? item_batch(d, head_major, r0) : -1;
-        if (shared_b >= 0) copies[t].assign(static_cast<size_t>(slice), T(0));
-        T* copy = copies[t].data();
-        auto plan = [&](int64_t b, int64_t bq, int64_t h, RowPlan<T>& p) {
-          const bool own = b != shared_b;
-          plan_row(value, tab, loc, b, bq, h, d, D, prefetch, p, own ? gvalue : copy,
-                   own ? 0 : b * slice);
-        };
-        pipelined_rows<T>(d, head_major, r0, r1, scratch.plans, plan,
-                          [&](int64_t b, int64_t bq, int64_t h, const RowPlan<T>& p) {
-                            const bool own = b != shared_b;
-                            backward_row<T, DC, FUSED, false>(
-                                value, tab, attn, gout, own ? gvalue : copy,
-                                own ? 0 : b * slice, gloc, gattn, bq, h, d, p, scratch,
-                                prefetch);
-                          });
-      }
-    });
-    for (int64_t t = 1; t < threads; ++t) {
-      if (copies[t].empty()) continue;
-      add_into(gvalue + item_batch(d, head_major, range(t).first) * slice, copies[t].data(),
-               slice);
+  const int64_t grain = HEAD_MAJOR ? 1 : std::max<int64_t>(1, 256 / (d.NH * n));
+  at::parallel_for(0, num_items(d, HEAD_MAJOR), grain, [&](int64_t begin, int64_t end) {
+    BackwardScratch<T> scratch(n, D);
+    pipelined_rows<HEAD_MAJOR, T>(
+        d, begin, end, scratch.plans,
+        [&](int64_t b, int64_t bq, int64_t h, RowPlan<T>& p) {
+          plan_row<PREFETCH>(a.value, tab, a.loc, b, bq, h, d, D, p, a.gvalue, 0);
+        },
+        [&](int64_t, int64_t bq, int64_t h, const RowPlan<T>& p) {
+          backward_row<T, DC, FUSED, PREFETCH, true>(a.value, tab, a.attn, a.gout, a.gvalue, 0,
+                                                     a.gloc, a.gattn, bq, h, d, p, scratch);
+        });
+  });
+}
+
+// Private strategy: thread t takes the t-th contiguous range of items and writes
+// grad_value directly, except in the batch entry its range shares with the previous
+// thread's (at most its first one), which it accumulates in a private copy of that entry;
+// the copies are added at the end.
+template <typename T, int DC, bool FUSED, bool PREFETCH, bool HEAD_MAJOR>
+void backward_private(const BackwardArgs<T>& a, const SampleTable<T>& tab, const Dims& d,
+                      int64_t threads) {
+  const int64_t D = DC > 0 ? DC : d.D;
+  const int64_t n = d.L * d.P;
+  const int64_t slice = d.K * d.NH * D;
+  const int64_t items = num_items(d, HEAD_MAJOR);
+  std::vector<std::vector<T>> copies(threads);
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    BackwardScratch<T> scratch(n, D);
+    for (int64_t t = begin; t < end; ++t) {
+      const auto [r0, r1] = item_range(items, threads, t);
+      if (r0 >= r1) continue;
+      const int64_t shared_b = shares_first_batch(d, HEAD_MAJOR, items, threads, t)
+                                   ? item_batch(d, HEAD_MAJOR, r0)
+                                   : -1;
+      if (shared_b >= 0) copies[t].assign(static_cast<size_t>(slice), T(0));
+      T* copy = copies[t].data();
+      auto plan = [&](int64_t b, int64_t bq, int64_t h, RowPlan<T>& p) {
+        const bool own = b != shared_b;
+        plan_row<PREFETCH>(a.value, tab, a.loc, b, bq, h, d, D, p, own ? a.gvalue : copy,
+                           own ? 0 : b * slice);
+      };
+      pipelined_rows<HEAD_MAJOR, T>(
+          d, r0, r1, scratch.plans, plan,
+          [&](int64_t b, int64_t bq, int64_t h, const RowPlan<T>& p) {
+            const bool own = b != shared_b;
+            backward_row<T, DC, FUSED, PREFETCH, false>(
+                a.value, tab, a.attn, a.gout, own ? a.gvalue : copy, own ? 0 : b * slice,
+                a.gloc, a.gattn, bq, h, d, p, scratch);
+          });
     }
-    return;
+  });
+  for (int64_t t = 1; t < threads; ++t) {
+    if (copies[t].empty()) continue;
+    const int64_t b = item_batch(d, HEAD_MAJOR, item_range(items, threads, t).first);
+    add_into(a.gvalue + b * slice, copies[t].data(), slice);
   }
-  // Ownership: item = (chunk, b, h). With fewer (b, h) pairs than threads the queries are
-  // split into chunks; chunk 0 writes grad_value, the others private copies.
+}
+
+// Ownership: item = (chunk, b, h), one (b, h) pair's queries of one chunk in turn (the
+// order option does not apply); chunk 0 writes grad_value, the others private copies.
+template <typename T, int DC, bool FUSED, bool PREFETCH>
+void backward_owner(const BackwardArgs<T>& a, const SampleTable<T>& tab, const Dims& d,
+                    int64_t chunks) {
+  const int64_t D = DC > 0 ? DC : d.D;
+  const int64_t n = d.L * d.P;
   const int64_t pairs = d.B * d.NH;
-  const int64_t chunks = std::min<int64_t>({(threads + pairs - 1) / pairs, d.Q, 8});
-  const int64_t numel = d.B * slice;
+  const int64_t numel = d.B * d.K * d.NH * D;
   std::vector<T> copies(static_cast<size_t>((chunks - 1) * numel), T(0));
   at::parallel_for(0, chunks * pairs, 1, [&](int64_t begin, int64_t end) {
     BackwardScratch<T> scratch(n, D);
@@ -549,18 +658,35 @@ void backward_impl(const T* value, const int64_t* shapes, const int64_t* starts,
       const int64_t chunk = item / pairs;
       const int64_t b = (item % pairs) / d.NH;
       const int64_t h = item % d.NH;
-      T* target = chunk == 0 ? gvalue : copies.data() + (chunk - 1) * numel;
+      T* target = chunk == 0 ? a.gvalue : copies.data() + (chunk - 1) * numel;
       const int64_t q0 = d.Q * chunk / chunks, q1 = d.Q * (chunk + 1) / chunks;
       for (int64_t q = q0; q < q1; ++q) {
-        plan_row(value, tab, loc, b, b * d.Q + q, h, d, D, prefetch, scratch.plans[0],
-                 target);
-        backward_row<T, DC, FUSED, false>(value, tab, attn, gout, target, 0, gloc, gattn,
-                                          b * d.Q + q, h, d, scratch.plans[0], scratch,
-                                          prefetch);
+        plan_row<PREFETCH>(a.value, tab, a.loc, b, b * d.Q + q, h, d, D, scratch.plans[0],
+                           target);
+        backward_row<T, DC, FUSED, PREFETCH, false>(a.value, tab, a.attn, a.gout, target, 0,
+                                                    a.gloc, a.gattn, b * d.Q + q, h, d,
+                                                    scratch.plans[0], scratch);
       }
     }
   });
-  for (int64_t k = 1; k < chunks; ++k) add_into(gvalue, copies.data() + (k - 1) * numel, numel);
+  for (int64_t k = 1; k < chunks; ++k) add_into(a.gvalue, copies.data() + (k - 1) * numel, numel);
+}
+
+template <typename T, int DC, bool FUSED, bool PREFETCH, bool HEAD_MAJOR>
+void backward_impl(const BackwardArgs<T>& a, const int64_t* shapes, const int64_t* starts,
+                   const Dims& d, const BackwardPlan& plan) {
+  const SampleTable<T> tab(shapes, starts, d);
+  switch (plan.strategy) {
+    case Strategy::kAtomic:
+      backward_atomic<T, DC, FUSED, PREFETCH, HEAD_MAJOR>(a, tab, d);
+      break;
+    case Strategy::kPrivate:
+      backward_private<T, DC, FUSED, PREFETCH, HEAD_MAJOR>(a, tab, d, plan.threads);
+      break;
+    case Strategy::kOwner:
+      backward_owner<T, DC, FUSED, PREFETCH>(a, tab, d, plan.chunks);
+      break;
+  }
 }
 
 struct Prepared {
@@ -606,35 +732,53 @@ Prepared prepare(const at::Tensor& value, const at::Tensor& spatial_shapes,
   return r;
 }
 
-// Compile-time head_dim for the common sizes, a runtime loop otherwise.
-#define NPUDET_DISPATCH_D(D, DC, ...)                 \
-  switch (D) {                                        \
-    case 16: { constexpr int DC = 16; __VA_ARGS__(); break; } \
-    case 32: { constexpr int DC = 32; __VA_ARGS__(); break; } \
-    case 64: { constexpr int DC = 64; __VA_ARGS__(); break; } \
-    default: { constexpr int DC = 0; __VA_ARGS__(); break; }  \
+// Compile-time head_dim for the common sizes in float32, the speed path; a runtime loop for
+// other sizes and for float64, a checking path (fewer template instances: a faster build).
+template <typename T, typename F>
+inline void dispatch_d(int64_t D, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    switch (D) {
+      case 16: return f(std::integral_constant<int, 16>{});
+      case 32: return f(std::integral_constant<int, 32>{});
+      case 64: return f(std::integral_constant<int, 64>{});
+      default: break;
+    }
   }
+  f(std::integral_constant<int, 0>{});
+}
+
+// f(dc, fused, prefetch, head_major), each an integral_constant: the options as template
+// arguments.
+template <typename T, typename F>
+inline void dispatch_options(int64_t D, const KernelOptions& o, F&& f) {
+  dispatch_d<T>(D, [&](auto dc) {
+    with_bool(o.fused, [&](auto fused) {
+      with_bool(o.prefetch, [&](auto prefetch) {
+        with_bool(o.head_major, [&](auto head_major) { f(dc, fused, prefetch, head_major); });
+      });
+    });
+  });
+}
 
 at::Tensor msda_forward(const at::Tensor& value, const at::Tensor& spatial_shapes,
                         const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
-                        const at::Tensor& attention_weights, int64_t variant) {
+                        const at::Tensor& attention_weights, const std::vector<int64_t>& options) {
+  const KernelOptions o = parse_options(options);
   Prepared r = prepare(value, spatial_shapes, level_start_index, sampling_locations,
                        attention_weights);
   const Dims& d = r.d;
   at::Tensor out = at::empty({d.B, d.Q, d.NH * d.D}, r.value.options());
-  const bool fused = variant & kFused;
-  const bool prefetch = !(variant & kNoPrefetch);
-  const bool head_major = variant & kHeadMajor;
   AT_DISPATCH_FLOATING_TYPES(r.value.scalar_type(), "msda_cpu_forward", [&] {
     const auto* v = r.value.data_ptr<scalar_t>();
     const auto* sh = r.shapes.data_ptr<int64_t>();
     const auto* st = r.starts.data_ptr<int64_t>();
     const auto* lc = r.loc.data_ptr<scalar_t>();
     const auto* aw = r.attn.data_ptr<scalar_t>();
-    auto* o = out.data_ptr<scalar_t>();
-    NPUDET_DISPATCH_D(d.D, DC, [&] {
-      if (fused) forward_impl<scalar_t, DC, true>(v, sh, st, lc, aw, o, d, prefetch, head_major);
-      else forward_impl<scalar_t, DC, false>(v, sh, st, lc, aw, o, d, prefetch, head_major);
+    auto* out_ptr = out.data_ptr<scalar_t>();
+    dispatch_options<scalar_t>(d.D, o, [&](auto dc, auto fused, auto prefetch, auto head_major) {
+      forward_impl<scalar_t, decltype(dc)::value, decltype(fused)::value,
+                   decltype(prefetch)::value, decltype(head_major)::value>(v, sh, st, lc, aw,
+                                                                           out_ptr, d);
     });
   });
   return out;
@@ -644,7 +788,9 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
                                       const at::Tensor& spatial_shapes,
                                       const at::Tensor& level_start_index,
                                       const at::Tensor& sampling_locations,
-                                      const at::Tensor& attention_weights, int64_t variant) {
+                                      const at::Tensor& attention_weights,
+                                      const std::vector<int64_t>& options) {
+  const KernelOptions o = parse_options(options);
   Prepared r = prepare(value, spatial_shapes, level_start_index, sampling_locations,
                        attention_weights);
   const Dims& d = r.d;
@@ -654,23 +800,84 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
   at::Tensor gvalue = at::zeros_like(r.value);
   at::Tensor gloc = at::empty_like(r.loc);
   at::Tensor gattn = at::empty_like(r.attn);
-  const bool fused = variant & kFused;
+  const BackwardPlan plan = plan_backward(d, o, r.value.element_size());
   AT_DISPATCH_FLOATING_TYPES(r.value.scalar_type(), "msda_cpu_backward", [&] {
-    const auto* v = r.value.data_ptr<scalar_t>();
+    const BackwardArgs<scalar_t> args{r.value.data_ptr<scalar_t>(), r.loc.data_ptr<scalar_t>(),
+                                      r.attn.data_ptr<scalar_t>(),  g.data_ptr<scalar_t>(),
+                                      gvalue.data_ptr<scalar_t>(),  gloc.data_ptr<scalar_t>(),
+                                      gattn.data_ptr<scalar_t>()};
     const auto* sh = r.shapes.data_ptr<int64_t>();
     const auto* st = r.starts.data_ptr<int64_t>();
-    const auto* lc = r.loc.data_ptr<scalar_t>();
-    const auto* aw = r.attn.data_ptr<scalar_t>();
-    const auto* go = g.data_ptr<scalar_t>();
-    auto* gv = gvalue.data_ptr<scalar_t>();
-    auto* gl = gloc.data_ptr<scalar_t>();
-    auto* ga = gattn.data_ptr<scalar_t>();
-    NPUDET_DISPATCH_D(d.D, DC, [&] {
-      if (fused) backward_impl<scalar_t, DC, true>(v, sh, st, lc, aw, go, gv, gl, ga, d, variant);
-      else backward_impl<scalar_t, DC, false>(v, sh, st, lc, aw, go, gv, gl, ga, d, variant);
+    dispatch_options<scalar_t>(d.D, o, [&](auto dc, auto fused, auto prefetch, auto head_major) {
+      backward_impl<scalar_t, decltype(dc)::value, decltype(fused)::value,
+                    decltype(prefetch)::value, decltype(head_major)::value>(args, sh, st, d,
+                                                                            plan);
     });
   });
   return {gvalue, gloc, gattn};
+}
+
+// The backward strategy `options` resolves to for these sizes on this process's threads:
+// (name, ownership chunks, bytes of private grad_value copies). For tests and tools.
+std::tuple<std::string, int64_t, int64_t> backward_plan(int64_t B, int64_t K, int64_t NH,
+                                                        int64_t D, int64_t Q, int64_t elem_bytes,
+                                                        const std::vector<int64_t>& options) {
+  const KernelOptions o = parse_options(options);
+  TORCH_CHECK_VALUE(B > 0 && K > 0 && NH > 0 && D > 0 && Q > 0 && elem_bytes > 0,
+                    "backward_plan: expected positive sizes");
+  const BackwardPlan p = plan_backward(Dims{B, K, NH, D, 1, Q, 1}, o, elem_bytes);
+  const char* name = p.strategy == Strategy::kPrivate ? "private"
+                     : p.strategy == Strategy::kOwner ? "owner"
+                                                      : "atomic";
+  return {name, p.chunks, p.extra_bytes};
+}
+
+// Gather-only probe for the benchmark: out[r] = the sum of rows[index[r, j]] over j (an
+// entry outside [0, num_rows), e.g. -1, is no row), rows r in parallel with grain `grain`,
+// the next r's rows prefetched as the kernel prefetches its next row's corners. The loads
+// of the forward with nothing else computed: its time is the machine's row-load limit for
+// that access pattern.
+at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& index, int64_t grain) {
+  TORCH_CHECK_VALUE(rows.dim() == 2 && rows.scalar_type() == at::kFloat && rows.is_contiguous(),
+                    "rows: expected a contiguous float32 (num_rows, D) tensor");
+  TORCH_CHECK_VALUE(index.dim() == 2 && index.scalar_type() == at::kLong && index.is_contiguous(),
+                    "index: expected a contiguous int64 (N, m) tensor");
+  TORCH_CHECK_VALUE(grain > 0, "grain: expected a positive integer");
+  const int64_t N = index.size(0), m = index.size(1), R = rows.size(0), Dd = rows.size(1);
+  const int64_t* ix = index.data_ptr<int64_t>();
+  // One unsigned comparison both skips -1 and keeps any other entry in bounds.
+  const auto missing = [R](int64_t k) {
+    return static_cast<uint64_t>(k) >= static_cast<uint64_t>(R);
+  };
+  at::Tensor out = at::empty({N, Dd}, rows.options());
+  const float* v = rows.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  dispatch_d<float>(Dd, [&](auto dc) {
+    constexpr int DC = decltype(dc)::value;
+    const int64_t D = DC > 0 ? DC : Dd;
+    at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> acc(D);
+      for (int64_t r = begin; r < end; ++r) {
+        if (r + 1 < end) {
+          for (int64_t j = 0; j < m; ++j) {
+            const int64_t next = ix[(r + 1) * m + j];
+            if (!missing(next)) prefetch_row<0>(v + next * D, D);
+          }
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        float* a = acc.data();
+        for (int64_t j = 0; j < m; ++j) {
+          const int64_t k = ix[r * m + j];
+          if (missing(k)) continue;
+          const float* src = v + k * D;
+#pragma omp simd
+          for (int64_t c = 0; c < D; ++c) a[c] += src[c];
+        }
+        std::memcpy(o + r * D, a, D * sizeof(float));
+      }
+    });
+  });
+  return out;
 }
 
 }  // namespace
@@ -678,4 +885,9 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &msda_forward, "MSDA forward (CPU)");
   m.def("backward", &msda_backward, "MSDA backward (CPU): grad value, locations, weights");
+  m.def("backward_plan", &backward_plan,
+        "backward strategy for sizes (B, K, NH, D, Q, elem_bytes, options): name, chunks, "
+        "bytes of private copies");
+  m.def("gather_probe", &gather_probe, "sum of indexed rows: the row-load limit probe");
+  m.def("num_options", [] { return static_cast<int64_t>(kNumOptions); });
 }

@@ -3,15 +3,13 @@
 The kernel is built on first use for the instruction set chosen at run time from the CPU's
 features (``cpu_isa``; ``NPUDET_CPU_ISA`` forces one); ``isa()`` names the one loaded.
 
-Experiment variants (``msda_variants()``, not ``msda_impls()``) expose the kernel's
-design choices so the benchmark and the ablation tool can price each one: ``cpu`` (fused
-4-corner pass, prefetched corner rows, contention-free backward: private per-thread
-grad_value copies while they are small, else (batch, head) ownership),
-``cpu_atomic`` (backward parallel over queries with atomic adds into grad_value),
-``cpu_owner`` (always the (batch, head) ownership partition), ``cpu_corner`` (one pass
-over the channels per corner instead of one for all four), ``cpu_noprefetch`` and
-``cpu_headmajor`` (work ordered head by head, a block of neighbouring queries per work
-item, instead of query by query with all heads of a query in turn).
+The kernel's design choices are one typed option set, ``cpu_options.CPUKernelOptions``,
+passed to the custom ops as ``as_ints()``. Experiment variants (``msda_variants()``, not
+``msda_impls()``) let the benchmark and the ablation tool price each choice; each differs
+from ``cpu`` (the defaults: fused 4-corner pass, prefetch, query order, ``auto`` backward)
+in exactly the one option its name says: ``cpu_atomic`` (backward="atomic"),
+``cpu_owner`` (backward="owner"), ``cpu_corner`` (fused_corners=False),
+``cpu_noprefetch`` (prefetch=False) and ``cpu_headmajor`` (order="head").
 """
 
 from __future__ import annotations
@@ -21,17 +19,9 @@ from typing import List, Optional, Tuple
 import torch
 
 from . import cpu_isa
+from .cpu_options import CPUKernelOptions
 from .native_build import load_extension
 from .registry import MSDAImpl, register, register_variant
-
-# Variant bits, as in ops/cpu/msda_cpu.cpp.
-FUSED = 1
-ATOMIC = 2
-PRIVATE = 4
-OWNER = 8
-NO_PREFETCH = 16
-HEAD_MAJOR = 32
-
 
 # The choice made once per process: "isa" (a cpu_isa variant name) and "ext" (the module,
 # or why no variant could be loaded).
@@ -72,7 +62,8 @@ def isa() -> Optional[str]:
     return _chosen.get("isa")
 
 
-def _ext():
+def ext():
+    """The loaded kernel extension module (raises RuntimeError when unavailable)."""
     ext = _load()
     if isinstance(ext, str):
         raise RuntimeError(f"npudet cpu MSDA kernel unavailable: {ext}")
@@ -86,16 +77,17 @@ def msda_cpu_forward(
     level_start_index: torch.Tensor,
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
-    variant: int,
+    options: List[int],
 ) -> torch.Tensor:
-    """value (bs, keys, heads, D) float32/64 -> (bs, num_queries, heads * D)."""
-    return _ext().forward(
-        value, spatial_shapes, level_start_index, sampling_locations, attention_weights, variant
+    """value (bs, keys, heads, D) float32/64 -> (bs, num_queries, heads * D); ``options`` is
+    ``CPUKernelOptions.as_ints()``."""
+    return ext().forward(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights, options
     )
 
 
 @msda_cpu_forward.register_fake
-def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, variant):
+def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, options):
     bs, _, heads, dim = value.shape
     return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
 
@@ -108,17 +100,17 @@ def msda_cpu_backward(
     level_start_index: torch.Tensor,
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
-    variant: int,
+    options: List[int],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients w.r.t. value, sampling_locations and attention_weights."""
-    grad_value, grad_loc, grad_attn = _ext().backward(
+    grad_value, grad_loc, grad_attn = ext().backward(
         grad_output,
         value,
         spatial_shapes,
         level_start_index,
         sampling_locations,
         attention_weights,
-        variant,
+        options,
     )
     return grad_value, grad_loc, grad_attn
 
@@ -131,7 +123,7 @@ def _(
     level_start_index,
     sampling_locations,
     attention_weights,
-    variant,
+    options,
 ):
     return (
         torch.empty_like(value),
@@ -141,18 +133,18 @@ def _(
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, variant = (
+    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, options = (
         inputs
     )
     ctx.save_for_backward(
         value, spatial_shapes, level_start_index, sampling_locations, attention_weights
     )
-    ctx.variant = variant
+    ctx.options = options
 
 
 def _backward(ctx, grad_output):
     grad_value, grad_loc, grad_attn = msda_cpu_backward(
-        grad_output.contiguous(), *ctx.saved_tensors, ctx.variant
+        grad_output.contiguous(), *ctx.saved_tensors, ctx.options
     )
     return grad_value, None, None, grad_loc, grad_attn, None
 
@@ -164,7 +156,7 @@ class CPUImpl(MSDAImpl):
     """Fused CPU kernel; half/bfloat16 inputs are computed in float32."""
 
     NAME = "cpu"
-    VARIANT = FUSED
+    OPTIONS = CPUKernelOptions()
     DEVICES = ("cpu",)
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -183,34 +175,34 @@ class CPUImpl(MSDAImpl):
             level_start_index,
             sampling_locations.to(compute).contiguous(),
             attention_weights.to(compute).contiguous(),
-            self.VARIANT,
+            self.OPTIONS.as_ints(),
         )
         return out.to(dtype)
 
 
 class CPUAtomicImpl(CPUImpl):
     NAME = "cpu_atomic"
-    VARIANT = FUSED | ATOMIC
+    OPTIONS = CPUKernelOptions(backward="atomic")
 
 
 class CPUOwnerImpl(CPUImpl):
     NAME = "cpu_owner"
-    VARIANT = FUSED | OWNER
+    OPTIONS = CPUKernelOptions(backward="owner")
 
 
 class CPUCornerImpl(CPUImpl):
     NAME = "cpu_corner"
-    VARIANT = 0
+    OPTIONS = CPUKernelOptions(fused_corners=False)
 
 
 class CPUNoPrefetchImpl(CPUImpl):
     NAME = "cpu_noprefetch"
-    VARIANT = FUSED | NO_PREFETCH
+    OPTIONS = CPUKernelOptions(prefetch=False)
 
 
 class CPUHeadMajorImpl(CPUImpl):
     NAME = "cpu_headmajor"
-    VARIANT = FUSED | HEAD_MAJOR
+    OPTIONS = CPUKernelOptions(order="head")
 
 
 register(CPUImpl())
