@@ -35,7 +35,8 @@ BAD = {
     "starts-wrong": (2, lambda t: t + 1, ValueError, "level_start_index"),
     "starts-len": (2, lambda t: t[:1], ValueError, "level_start_index"),
     "value-int": (0, lambda t: t.long(), TypeError, "value"),
-    "attn-dtype": (4, lambda t: t.double(), TypeError, "attention_weights"),
+    # Mixed float dtypes are accepted (autocast); a non-float one is not.
+    "attn-dtype": (4, lambda t: t.long(), TypeError, "attention_weights"),
     "not-a-tensor": (0, lambda t: t.tolist(), TypeError, "value"),
     "device": (4, lambda t: t.to("meta"), ValueError, "device"),
 }

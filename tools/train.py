@@ -1,7 +1,8 @@
 """Train a detector (mmdet's tools/train.py, plus npudet's MSDA switch and input checks).
 
 python tools/train.py CONFIG [--work-dir DIR] [--msda-impl cpu] [--resume [CKPT]]
-    [--amp] [--auto-scale-lr] [--cfg-options k=v ...] [--launcher pytorch]
+    [--amp [--amp-dtype bfloat16|float16]] [--auto-scale-lr] [--cfg-options k=v ...]
+    [--launcher pytorch]
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 
+from mmengine.device import get_device
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner, find_latest_checkpoint
 
 import npudet.engine  # noqa: F401  (hooks, checkpoint loading)
 import npudet.models  # noqa: F401  (DeformableDETR / DINO on npudet's MSDA)
+from npudet.engine.amp import amp_optim_wrapper
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
 from npudet.engine.cpu_dist import setup_cpu_distributed
 from npudet.engine.preflight import check_checkpoint, check_data, check_msda
@@ -23,7 +26,17 @@ from npudet.hooks import launch_env_setup
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Train a detector")
     parser.add_argument("config", help="train config file path")
-    parser.add_argument("--amp", action="store_true", help="automatic mixed precision")
+    parser.add_argument(
+        "--amp",
+        action="store_true",
+        help="automatic mixed precision: bfloat16 autocast on CPU (npudet's "
+        "CPUAmpOptimWrapper), mmengine's AmpOptimWrapper on CUDA / NPU",
+    )
+    parser.add_argument(
+        "--amp-dtype",
+        choices=["bfloat16", "float16"],
+        help="autocast dtype for --amp (default: bfloat16 on CPU, float16 on CUDA / NPU)",
+    )
     parser.add_argument("--auto-scale-lr", action="store_true", help="scale LR by batch size")
     parser.add_argument(
         "--resume",
@@ -39,9 +52,13 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     cfg = load_config(args)
+    if args.amp_dtype is not None and not args.amp:
+        fail("--amp-dtype: only with --amp")
     if args.amp:
-        cfg.optim_wrapper.type = "AmpOptimWrapper"
-        cfg.optim_wrapper.loss_scale = "dynamic"
+        try:
+            cfg.optim_wrapper = amp_optim_wrapper(cfg.optim_wrapper, get_device(), args.amp_dtype)
+        except ValueError as err:
+            fail(f"--amp: {err}")
     if args.auto_scale_lr:
         if "base_batch_size" not in cfg.get("auto_scale_lr", {}):
             fail("--auto-scale-lr: the config has no auto_scale_lr.base_batch_size")

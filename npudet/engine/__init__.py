@@ -1,12 +1,14 @@
 """mmengine side of npudet that is not a hook: checkpoint loading, CLI and run checks.
 
 Importing it (``custom_imports=dict(imports=['npudet.engine'])``, as the configs do)
-allow-lists mmengine's checkpoint types for torch's weights-only loader and registers
-every npudet hook by importing ``npudet.hooks``.
+allow-lists mmengine's checkpoint types for torch's weights-only loader, registers
+every npudet hook by importing ``npudet.hooks`` and the CPU mixed-precision optim
+wrapper (``amp``).
 """
 
 import npudet.hooks  # noqa: F401  (registers the hooks the configs name)
 
+from . import amp  # noqa: F401  (registers CPUAmpOptimWrapper)
 from .checkpoint import allow_mmengine_checkpoints
 
 allow_mmengine_checkpoints()

@@ -158,6 +158,9 @@ class CPUImpl(MSDAImpl):
     NAME = "cpu"
     OPTIONS = CPUKernelOptions()
     DEVICES = ("cpu",)
+    # Private-copy and ownership backward: each grad_value element has one writer and the
+    # copies are added in thread order, fixed for a fixed thread count (tested bitwise).
+    DETERMINISTIC = ("cpu",)
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
     def unavailable_reasons(self) -> List[str]:
@@ -183,6 +186,7 @@ class CPUImpl(MSDAImpl):
 class CPUAtomicImpl(CPUImpl):
     NAME = "cpu_atomic"
     OPTIONS = CPUKernelOptions(backward="atomic")
+    DETERMINISTIC = ()  # atomic adds land in thread-timing order
 
 
 class CPUOwnerImpl(CPUImpl):

@@ -78,20 +78,27 @@ def msda_gather(
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
 ) -> torch.Tensor:
-    """value (bs, keys, heads, D) -> (bs, num_queries, heads * D) by weighted row bags."""
+    """value (bs, keys, heads, D) -> (bs, num_queries, heads * D) by weighted row bags.
+
+    Any floating dtypes (see ``inputs``); half precision is computed in float32 and the
+    output has value's dtype.
+    """
     bs, num_keys, num_heads, head_dim = value.shape
     num_queries = sampling_locations.shape[1]
     rows, weights = bilinear_corners(
         spatial_shapes, level_start_index, sampling_locations, attention_weights, num_keys
     )
     bag = rows.shape[-1]
+    # Half precision gathers from a float32 copy of value: the bag sums and, in backward,
+    # the value-gradient sums over every sample that hit a row are float32.
+    compute = torch.promote_types(value.dtype, torch.float32)
     out = F.embedding_bag(
         rows.reshape(-1, bag),
-        value.reshape(-1, head_dim),
-        per_sample_weights=weights.reshape(-1, bag).to(value.dtype),
+        value.reshape(-1, head_dim).to(compute),
+        per_sample_weights=weights.reshape(-1, bag).to(compute),
         mode="sum",
     )
-    return out.view(bs, num_queries, num_heads * head_dim)
+    return out.view(bs, num_queries, num_heads * head_dim).to(value.dtype)
 
 
 class GatherImpl(MSDAImpl):
@@ -100,6 +107,9 @@ class GatherImpl(MSDAImpl):
     NAME = "gather"
     DEVICES = ("cpu", "cuda", "npu", "xpu", "meta")
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    # embedding_bag(mode='sum')'s backward: sequential per row on CPU (tested bitwise), and
+    # sort-and-segment on CUDA (absent from torch's nondeterministic list; not run here).
+    DETERMINISTIC = ("cpu", "cuda")
 
     def forward(
         self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights

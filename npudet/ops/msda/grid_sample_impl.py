@@ -19,13 +19,21 @@ def msda_grid_sample(
     """Reference MSDA. value (bs, keys, heads, D) -> (bs, num_queries, heads * D).
 
     Reads ``spatial_shapes`` on the host (as mmcv does), so ``torch.compile`` breaks the
-    graph here; use ``gather`` or a fused implementation inside compiled code.
+    graph here; use ``gather`` or a fused implementation inside compiled code. Any
+    floating dtypes (see ``inputs``): half precision is computed in float32, the output
+    has value's dtype.
     """
     bs, _, num_heads, head_dim = value.shape
     _, num_queries, _, num_levels, num_points, _ = sampling_locations.shape
     shapes = [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
+    # grid_sample needs one dtype for value and grid; half precision would put the grid
+    # (pixel coordinates) and the level/point sums in 8-11 bits, so compute in float32.
+    compute = torch.promote_types(value.dtype, torch.float32)
+    out_dtype = value.dtype
+    value = value.to(compute)
+    attention_weights = attention_weights.to(compute)
     value_list = value.split([h * w for h, w in shapes], dim=1)
-    sampling_grids = 2 * sampling_locations - 1
+    sampling_grids = 2 * sampling_locations.to(compute) - 1
     sampled = []
     for level, (h, w) in enumerate(shapes):
         # (bs, h*w, heads, D) -> (bs*heads, D, h, w)
@@ -44,7 +52,8 @@ def msda_grid_sample(
         bs * num_heads, 1, num_queries, num_levels * num_points
     )
     output = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1)
-    return output.view(bs, num_heads * head_dim, num_queries).transpose(1, 2).contiguous()
+    output = output.view(bs, num_heads * head_dim, num_queries).transpose(1, 2).contiguous()
+    return output.to(out_dtype)
 
 
 class GridSampleImpl(MSDAImpl):
@@ -53,6 +62,9 @@ class GridSampleImpl(MSDAImpl):
     NAME = "grid_sample"
     DEVICES = ("cpu", "cuda", "npu", "xpu", "mps", "meta")
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    # grid_sample's CPU backward writes each image's gradient from one thread (tested
+    # bitwise); on CUDA it adds atomically and torch itself refuses it in deterministic mode.
+    DETERMINISTIC = ("cpu",)
 
     def forward(
         self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights

@@ -1,4 +1,13 @@
-"""Validation of MSDA inputs and the summary that implementations decide on."""
+"""Validation of MSDA inputs and the summary that implementations decide on.
+
+Dtypes: value, sampling_locations and attention_weights may each have any floating dtype,
+mixed (autocast gives a bfloat16/float16 value out of a Linear next to float32 locations).
+The output has value's dtype and each gradient its input's dtype. Sampling coordinates are
+computed in at least float32 and half-precision (float16/bfloat16) products are accumulated
+in float32 (``grid_sample``, ``gather`` and ``cpu`` compute half inputs in float32;
+``triton`` reads them as they are and accumulates in float32; mmcv's kernel casts locations
+and weights to value's dtype).
+"""
 
 from __future__ import annotations
 
@@ -103,11 +112,7 @@ def validate_inputs(
     for name in ("value", "sampling_locations", "attention_weights"):
         if args[name].dtype not in _FLOAT_DTYPES:
             raise TypeError(f"{name}: expected a floating dtype, got {args[name].dtype}")
-    if sampling_locations.dtype != value.dtype or attention_weights.dtype != value.dtype:
-        raise TypeError(
-            "sampling_locations, attention_weights: expected the dtype of value "
-            f"({value.dtype}), got {sampling_locations.dtype} and {attention_weights.dtype}"
-        )
+    # Mixed floating dtypes are accepted: see the module docstring.
     for name in ("spatial_shapes", "level_start_index"):
         if args[name].dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name}: expected an int32 or int64 tensor, got {args[name].dtype}")

@@ -6,7 +6,8 @@ priority list of the inputs' device, reordered by recorded measurements
 (``verification.measured_order``), and takes the first with no reasons whose results it
 has verified on this device (``verification.verdict``); when nothing fits, the error
 lists every candidate with its reasons. A name given explicitly is used as it is, without
-verification.
+verification. Under ``torch.use_deterministic_algorithms(True)`` only implementations that
+declare a deterministic backward on the device (``MSDAImpl.DETERMINISTIC``) are taken.
 
 Experiment variants (``register_variant``: the ``cpu`` kernel with one design choice
 changed) have names of their own, listed by ``msda_variants()`` and not by
@@ -17,6 +18,7 @@ and ablation tools accept their names.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Dict, List, Optional, Sequence, Set
 
 import torch
@@ -34,6 +36,10 @@ class MSDAImpl:
     DEVICES: Sequence[str] = ()
     DTYPES: Sequence[torch.dtype] = (torch.float32, torch.float64)
     MAX_HEAD_DIM: int = 1 << 30
+    # Device types on which forward and backward give bitwise-identical results run to run
+    # (at a fixed thread count): what torch.use_deterministic_algorithms(True) asks for.
+    # None by default: atomic adds (mmcv, triton) or an undocumented vendor kernel.
+    DETERMINISTIC: Sequence[str] = ()
 
     def unavailable_reasons(self) -> List[str]:
         """Why this implementation cannot run on this machine at all ([] if it can)."""
@@ -154,8 +160,33 @@ def _verdict(name: str, device_type: str, dtype: torch.dtype) -> str:
     return verification.verdict(name, device_type, dtype)
 
 
+def nondeterministic_reason(impl: MSDAImpl, inputs: MSDAInputs) -> str:
+    """Why ``impl`` breaks deterministic mode for this call ('' when it does not).
+
+    Only a call whose backward can run counts (an input requires grad, grad mode on), and
+    only while ``torch.use_deterministic_algorithms(True)`` is set (mmengine's
+    ``randomness=dict(deterministic=True)``).
+    """
+    if not (inputs.requires_grad and torch.is_grad_enabled()):
+        return ""
+    if not torch.are_deterministic_algorithms_enabled():
+        return ""
+    if inputs.device_type in impl.DETERMINISTIC:
+        return ""
+    return (
+        f"backward not deterministic on {inputs.device_type} "
+        "(torch.use_deterministic_algorithms(True) is set)"
+    )
+
+
 def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
-    """Resolve ``impl`` ('auto' or a name) for these inputs, or raise saying why not."""
+    """Resolve ``impl`` ('auto' or a name) for these inputs, or raise saying why not.
+
+    Under ``torch.use_deterministic_algorithms(True)`` ``auto`` skips implementations whose
+    backward is not deterministic on the device (``MSDAImpl.DETERMINISTIC``); one named
+    explicitly raises RuntimeError, as torch's own nondeterministic ops do (a warning
+    under ``warn_only=True``).
+    """
     if impl != "auto":
         chosen = get_impl(impl)
         reasons = chosen.not_supported_reasons(inputs)
@@ -164,10 +195,22 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
                 f"impl={impl!r} cannot run these inputs: {'; '.join(reasons)}. "
                 f"Use impl='auto' or one of {msda_impls()}"
             )
+        nondeterministic = nondeterministic_reason(chosen, inputs)
+        if nondeterministic:
+            message = (
+                f"impl={impl!r}: {nondeterministic}; use impl='auto' or one of "
+                f"{[n for n in msda_impls() if inputs.device_type in _REGISTRY[n].DETERMINISTIC]}"
+            )
+            if not torch.is_deterministic_algorithms_warn_only_enabled():
+                raise RuntimeError(message)
+            warnings.warn(message, stacklevel=3)
         return chosen
     rejected = []
     for name in auto_order(inputs.device_type, inputs.dtype):
         reasons = _REGISTRY[name].not_supported_reasons(inputs)
+        nondeterministic = nondeterministic_reason(_REGISTRY[name], inputs)
+        if nondeterministic:
+            reasons = [*reasons, nondeterministic]
         if not reasons:
             error = _verdict(name, inputs.device_type, inputs.dtype)
             reasons = [f"failed verification: {error}"] if error else []
