@@ -18,6 +18,7 @@ from .triton_launch import (
     KernelLaunch,
     MSDAShape,
     int_type,
+    kernel_signatures,
     next_power_of_2,
     pointer_type,
     register_schedule,
@@ -107,21 +108,7 @@ def plan(dtype_name: str, shape: MSDAShape, index_dtype: str) -> Dict[str, Kerne
         num_queries=int_type(shape.num_queries),
         batch=int_type(shape.batch),
     )
-    signatures = {
-        "fwd": dict(value=ptr, shapes=idx, starts=idx, loc=ptr, attn=ptr, out=ptr, **sizes),
-        "bwd": dict(
-            grad_out=ptr,
-            value=ptr,
-            shapes=idx,
-            starts=idx,
-            loc=ptr,
-            attn=ptr,
-            grad_value="*fp32",
-            grad_loc=ptr,
-            grad_attn=ptr,
-            **sizes,
-        ),
-    }
+    signatures = kernel_signatures(ptr, idx, "*fp32", sizes)
     windows = 1 if dwin == shape.head_dim else 2
     why = (
         f"{items} work items (batch {shape.batch} x {qblocks} query blocks of {block_q} x "

@@ -114,6 +114,29 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def kernel_signatures(
+    ptr: str, idx: str, grad_value_ptr: str, sizes: Dict[str, str]
+) -> Dict[str, Dict[str, str]]:
+    """Signatures of an MSDA kernel pair: the runtime arguments every schedule shares, then
+    ``sizes`` (the scalar arguments, in kernel order). ``ptr``: the inputs' pointer type,
+    ``idx``: the level tensors', ``grad_value_ptr``: the value-gradient buffer's."""
+    return {
+        "fwd": dict(value=ptr, shapes=idx, starts=idx, loc=ptr, attn=ptr, out=ptr, **sizes),
+        "bwd": dict(
+            grad_out=ptr,
+            value=ptr,
+            shapes=idx,
+            starts=idx,
+            loc=ptr,
+            attn=ptr,
+            grad_value=grad_value_ptr,
+            grad_loc=ptr,
+            grad_attn=ptr,
+            **sizes,
+        ),
+    }
+
+
 def plan_launches(
     schedule: str, dtype_name: str, shape: MSDAShape, index_dtype: str = "int64"
 ) -> Dict[str, KernelLaunch]:
@@ -175,21 +198,7 @@ def _cuda_plan(dtype_name: str, shape: MSDAShape, index_dtype: str) -> Dict[str,
     acc_ptr = "*fp64" if f64 else "*fp32"
     idx = _INDEX_TYPES[index_dtype]
     sizes = dict(num_keys=int_type(shape.num_keys), num_queries=int_type(shape.num_queries))
-    signatures = {
-        "fwd": dict(value=ptr, shapes=idx, starts=idx, loc=ptr, attn=ptr, out=ptr, **sizes),
-        "bwd": dict(
-            grad_out=ptr,
-            value=ptr,
-            shapes=idx,
-            starts=idx,
-            loc=ptr,
-            attn=ptr,
-            grad_value=acc_ptr,
-            grad_loc=ptr,
-            grad_attn=ptr,
-            **sizes,
-        ),
-    }
+    signatures = kernel_signatures(ptr, idx, acc_ptr, sizes)
     block_d = next_power_of_2(shape.head_dim)
     samples = shape.num_levels * shape.num_points
     plans = {}
