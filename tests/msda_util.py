@@ -65,10 +65,9 @@ def candidate_impls(
 
 
 def level_layout(shapes: Sequence[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, int]:
-    spatial = torch.tensor(shapes, dtype=torch.long)
-    sizes = spatial.prod(1)
-    starts = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
-    return spatial, starts, int(sizes.sum())
+    from npudet.ops.msda.devcheck import level_layout
+
+    return level_layout(shapes)
 
 
 def random_inputs(
@@ -83,15 +82,12 @@ def random_inputs(
     high: float = 1.2,
     seed: int = 0,
 ) -> Inputs:
-    gen = torch.Generator().manual_seed(seed)
-    spatial, starts, keys = level_layout(shapes)
-    levels = len(shapes)
-    value = torch.randn(batch, keys, heads, dim, generator=gen, dtype=dtype)
-    loc = low + (high - low) * torch.rand(
-        batch, queries, heads, levels, points, 2, generator=gen, dtype=dtype
+    """``devcheck.small_inputs`` drawn in ``dtype`` (float32 by default), no NaN locations."""
+    from npudet.ops.msda.devcheck import small_inputs
+
+    return small_inputs(
+        shapes, batch, queries, heads, dim, points, low=low, high=high, seed=seed, dtype=dtype
     )
-    attn = torch.rand(batch, queries, heads, levels, points, generator=gen, dtype=dtype)
-    return value, spatial, starts, loc, attn
 
 
 def to_device(inputs: Sequence, device: str = DEVICE) -> tuple:

@@ -88,6 +88,14 @@ class ParityResult:
         return asdict(self)
 
 
+def level_layout(shapes: Sequence[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """(spatial_shapes (levels, 2) long, level_start_index (levels,) long, num_keys) of levels."""
+    spatial = torch.tensor(shapes, dtype=torch.long)
+    sizes = spatial.prod(1)
+    starts = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
+    return spatial, starts, int(sizes.sum())
+
+
 def small_inputs(
     shapes: Sequence[Tuple[int, int]] = ((6, 4), (3, 2)),
     batch: int = 2,
@@ -99,25 +107,24 @@ def small_inputs(
     high: float = 1.2,
     nan: bool = False,
     seed: int = 0,
+    dtype: torch.dtype = torch.float64,
 ) -> Inputs:
-    """CPU float64 (value, shapes, starts, locations (x, y), weights) of one small case.
+    """CPU (value, shapes, starts, locations (x, y), weights) of one small case, drawn in ``dtype``.
 
     With ``nan``, query 1 has NaN locations and query 2 infinite x: such samples must
     contribute nothing (as if they were outside the map).
     """
     gen = torch.Generator().manual_seed(seed)
-    spatial = torch.tensor(shapes, dtype=torch.long)
-    sizes = spatial.prod(1)
-    starts = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
-    levels, f64 = len(shapes), torch.float64
-    value = torch.randn(batch, int(sizes.sum()), heads, dim, generator=gen, dtype=f64)
+    spatial, starts, keys = level_layout(shapes)
+    levels = len(shapes)
+    value = torch.randn(batch, keys, heads, dim, generator=gen, dtype=dtype)
     loc = low + (high - low) * torch.rand(
-        batch, queries, heads, levels, points, 2, generator=gen, dtype=f64
+        batch, queries, heads, levels, points, 2, generator=gen, dtype=dtype
     )
     if nan and queries > 2:
         loc[:, 1] = float("nan")
         loc[:, 2, :, :, :, 0] = float("inf")
-    attn = torch.rand(batch, queries, heads, levels, points, generator=gen, dtype=f64)
+    attn = torch.rand(batch, queries, heads, levels, points, generator=gen, dtype=dtype)
     return value, spatial, starts, loc, attn
 
 
