@@ -139,3 +139,50 @@ def test_summarise_medians_speedup_and_deviation():
     assert cpu.final_loss == 1.0
     table = markdown_table([base, cpu])
     assert table.count("\n") == 4 and "| cpu | cpu | cpu | 110.0 | 1.91x |" in table
+
+
+def test_summarise_compiled_columns():
+    runs = {"cpu": [_record([3.0, 2.0, 1.0], [999, 100, 120], [5, 5, 5], [5, 5, 5])]}
+    compiled = {"cpu": [dict(_record([3.0, 2.0, 1.1], [9999, 50, 60], [0] * 3, [0] * 3))]}
+    compiled["cpu"][0]["graph_breaks"] = 7
+    parts = {"cpu": {"encoder": "cpu", "decoder": "cpu"}}
+    (row,) = summarise(runs, parts, warmup=1, compiled=compiled)
+    assert row.compiled_iter_ms == 55 and row.compiled_speedup == pytest.approx(110 / 55)
+    assert row.compiled_rel_dev == pytest.approx(0.1) and row.graph_breaks == 7
+    table = markdown_table([row])
+    assert "compiled vs eager" in table and "| 55.0 | 2.00x | 1.00e-01 | 7 |" in table
+    (plain,) = summarise(runs, parts, warmup=1)
+    assert "compiled" not in markdown_table([plain])
+
+
+def test_ablate_compiled_column(tiny_shapes, tmp_path):
+    """``--compile``: each variant also runs with its forward compiled (aot_eager here:
+    the inductor path is tests/test_compile_train.py's), same losses, breaks counted."""
+    work = tmp_path / "ablate"
+    proc = run_tool(
+        [
+            "tools/ablate.py",
+            SMALL_DETR,
+            "--impls",
+            "cpu",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--compile",
+            "aot_eager",
+            "--work-dir",
+            str(work),
+            "--cfg-options",
+            f"train_dataloader.dataset.data_root={tiny_shapes}/",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(work / "ablation.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert float(row["compiled_iter_ms"]) > 0 and float(row["compiled_speedup"]) > 0
+    assert float(row["compiled_rel_dev"]) < 1e-4 and int(row["graph_breaks"]) > 0
+    with open(work / "cpu_compiled" / "round0" / "record.json") as f:
+        record = json.load(f)
+    assert len(record["loss"]) == 3 and record["graph_breaks"] > 0
+    assert "compiled: torch.compile backend aot_eager" in proc.stdout

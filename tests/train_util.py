@@ -11,6 +11,8 @@ from mmengine.optim import build_optim_wrapper
 from mmengine.runner import Runner, set_random_seed
 from plugin_util import SMALL_DETR, build_model, small_cfg
 
+from npudet.hooks import compile_forward
+
 
 def train_losses(
     data_root: str,
@@ -20,6 +22,7 @@ def train_losses(
     config: str = SMALL_DETR,
     seed: int = 0,
     deterministic: bool = False,
+    compile_options: Optional[dict] = None,
 ) -> Tuple[List[float], float]:
     """Total loss of each of ``iters`` training iterations and the mean seconds per
     iteration after the first. Same seed, weights and batches for every call.
@@ -31,6 +34,8 @@ def train_losses(
         deterministic: what ``randomness=dict(deterministic=True)`` does (mmengine's
             ``set_random_seed``: ``torch.use_deterministic_algorithms(True)``); the caller
             turns it off again.
+        compile_options: ``torch.compile`` options for the forward of the training step
+            (what ``tools/train.py --compile`` does, through ``compile_forward``).
     """
     cfg = small_cfg(config, impl=impl)
     cfg.train_dataloader.dataset.data_root = data_root.rstrip("/") + "/"
@@ -40,6 +45,8 @@ def train_losses(
     cfg.train_dataloader.sampler.seed = seed  # else a fresh random shuffle per call
     set_random_seed(seed, deterministic=deterministic)  # augmentations draw from numpy
     model = build_model(cfg, seed=seed)
+    if compile_options is not None:
+        compile_forward(model, compile_options)
     wrapper = build_optim_wrapper(model, optim_wrapper or cfg.optim_wrapper)
     loader = Runner.build_dataloader(cfg.train_dataloader, seed=seed)
     model.train()

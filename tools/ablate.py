@@ -2,13 +2,17 @@
 
 python tools/ablate.py CONFIG --impls grid_sample,gather,cpu[,ENC/DEC] --iters N
     [--work-dir DIR] [--threads 2] [--rounds 1] [--warmup 2] [--seed 0]
-    [--cfg-options k=v ...]
+    [--compile [BACKEND]] [--cfg-options k=v ...]
 
 Every variant trains from the same seed and the same initial weights (built once,
 saved as ``init_weights.pth``) for N iterations, each in its own process, with
 validation and checkpoints off and MSDA profiled per iteration. ``ENC/DEC`` picks the
 encoder's and the decoder's implementation separately. With ``--rounds R`` the
-variants run R times, interleaved, and the times pool all rounds. The work dir gets
+variants run R times, interleaved, and the times pool all rounds. With ``--compile``
+every variant also trains with its forward under ``torch.compile`` (npudet's
+``TorchCompileHook``), right after its eager run, and the table gains the compiled
+iteration time, its speed-up over eager, its loss deviation from eager and its graph
+breaks (warm-up iterations, which compile, are left out). The work dir gets
 ``ablation.md``, ``ablation.csv``, ``loss_curves.png``, ``iter_time_split.png`` and one
 folder per run; the markdown table is also printed.
 """
@@ -61,6 +65,14 @@ def parse_args() -> argparse.Namespace:
         "--warmup", type=int, default=2, help="first iterations left out of the timings"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of weights and data order")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="also run every variant with its forward under torch.compile (default backend: "
+        "inductor) and add compiled columns",
+    )
     parser.add_argument(
         "--cfg-options", nargs="+", action=DictAction, help="override config settings, k=v"
     )
@@ -132,37 +144,50 @@ def main() -> None:
     init_path = os.path.abspath(os.path.join(work_dir, "init_weights.pth"))
     save_initial_weights(cfg, args.seed, init_path)
 
-    runs: Dict[str, List[Dict]] = {v.label: [] for v in variants}
+    modes = {"eager": None}
+    if args.compile:
+        modes["compiled"] = dict(backend=args.compile)
+    runs: Dict[str, Dict[str, List[Dict]]] = {m: {v.label: [] for v in variants} for m in modes}
     for round_idx in range(args.rounds):
         for variant in variants:
-            run_dir = os.path.join(work_dir, variant.dirname, f"round{round_idx}")
-            print(f"[ablate] {variant.label} (round {round_idx + 1}/{args.rounds})", flush=True)
-            spec = dict(
-                config=os.path.abspath(args.config),
-                cfg_options=args.cfg_options,
-                msda=variant.msda_cfg(),
-                iters=args.iters,
-                work_dir=os.path.abspath(run_dir),
-                load_from=init_path,
-                seed=args.seed,
-                threads=args.threads,
-            )
-            runs[variant.label].append(run_variant(spec, args.threads))
+            for mode, compile_options in modes.items():
+                suffix = "" if compile_options is None else "_compiled"
+                run_dir = os.path.join(work_dir, variant.dirname + suffix, f"round{round_idx}")
+                print(
+                    f"[ablate] {variant.label}{suffix} (round {round_idx + 1}/{args.rounds})",
+                    flush=True,
+                )
+                spec = dict(
+                    config=os.path.abspath(args.config),
+                    cfg_options=args.cfg_options,
+                    msda=variant.msda_cfg(),
+                    iters=args.iters,
+                    work_dir=os.path.abspath(run_dir),
+                    load_from=init_path,
+                    seed=args.seed,
+                    threads=args.threads,
+                    compile=compile_options,
+                )
+                runs[mode][variant.label].append(run_variant(spec, args.threads))
 
     parts = {v.label: {"encoder": v.encoder, "decoder": v.decoder} for v in variants}
-    rows = summarise(runs, parts, min(args.warmup, args.iters - 1))
-    first = runs[variants[0].label][0]
+    warmup = min(args.warmup, args.iters - 1)
+    rows = summarise(runs["eager"], parts, warmup, runs.get("compiled"))
+    first = runs["eager"][variants[0].label][0]
     header = (
         f"{name}: {args.iters} iterations x {args.rounds} round(s), {args.threads} threads, "
         f"device {first['device']}, torch {first['torch']}; times are medians after "
-        f"{min(args.warmup, args.iters - 1)} warm-up iterations; speed-up and loss deviation "
-        f"vs {variants[0].label}\n\n"
+        f"{warmup} warm-up iterations; speed-up and loss deviation vs {variants[0].label}"
+        + (f"; compiled: torch.compile backend {args.compile}" if args.compile else "")
+        + "\n\n"
     )
     table = markdown_table(rows)
     with open(os.path.join(work_dir, "ablation.md"), "w") as f:
         f.write(header + table)
     write_csv(rows, os.path.join(work_dir, "ablation.csv"))
-    plot_loss_curves(runs, os.path.join(work_dir, "loss_curves.png"), f"{name}: training loss")
+    plot_loss_curves(
+        runs["eager"], os.path.join(work_dir, "loss_curves.png"), f"{name}: training loss"
+    )
     plot_time_split(rows, os.path.join(work_dir, "iter_time_split.png"), f"{name}: time per iter")
     print(header + table, end="")
     print(

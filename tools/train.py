@@ -1,7 +1,8 @@
 """Train a detector (mmdet's tools/train.py, plus npudet's MSDA switch and input checks).
 
 python tools/train.py CONFIG [--work-dir DIR] [--msda-impl cpu] [--resume [CKPT]]
-    [--amp [--amp-dtype bfloat16|float16]] [--auto-scale-lr] [--cfg-options k=v ...]
+    [--amp [--amp-dtype bfloat16|float16]] [--compile [BACKEND]] [--auto-scale-lr]
+    [--cfg-options k=v ...]
     [--launcher pytorch]
 """
 
@@ -20,7 +21,7 @@ from npudet.engine.amp import amp_optim_wrapper
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
 from npudet.engine.cpu_dist import setup_cpu_distributed
 from npudet.engine.preflight import check_checkpoint, check_data, check_msda
-from npudet.hooks import launch_env_setup
+from npudet.hooks import compile_with_hook, launch_env_setup
 
 
 def parse_args() -> argparse.Namespace:
@@ -36,6 +37,14 @@ def parse_args() -> argparse.Namespace:
         "--amp-dtype",
         choices=["bfloat16", "float16"],
         help="autocast dtype for --amp (default: bfloat16 on CPU, float16 on CUDA / NPU)",
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="train with the model's forward under torch.compile (default backend: inductor; "
+        "npudet's TorchCompileHook, which also takes the config's `compile` setting)",
     )
     parser.add_argument("--auto-scale-lr", action="store_true", help="scale LR by batch size")
     parser.add_argument(
@@ -59,6 +68,10 @@ def main() -> None:
             cfg.optim_wrapper = amp_optim_wrapper(cfg.optim_wrapper, get_device(), args.amp_dtype)
         except ValueError as err:
             fail(f"--amp: {err}")
+    try:
+        compile_with_hook(cfg, args.compile)
+    except ValueError as err:
+        fail(str(err))
     if args.auto_scale_lr:
         if "base_batch_size" not in cfg.get("auto_scale_lr", {}):
             fail("--auto-scale-lr: the config has no auto_scale_lr.base_batch_size")

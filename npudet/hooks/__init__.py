@@ -3,7 +3,8 @@
 ``custom_imports=dict(imports=['npudet.hooks'])`` (or ``'npudet.engine'``, which imports
 this package) then e.g. ``custom_hooks=[dict(type='MSDAProfilerHook')]``. MSDA hooks:
 ``MSDAProfilerHook``, ``MSDAParityHook``, ``NonFiniteLossHook``, ``NPUSetupHook``;
-evaluation and run-state hooks: ``CocoSummaryHook``, ``EvalProgressHook``, ``RNGStateHook``.
+evaluation and run-state hooks: ``CocoSummaryHook``, ``EvalProgressHook``, ``RNGStateHook``;
+``TorchCompileHook`` (``tools/train.py --compile``).
 """
 
 from .coco_summary_hook import CocoSummaryHook, coco_table
@@ -19,6 +20,7 @@ from .npu_setup import (
     plan_device_setup,
 )
 from .rng_state_hook import RNGStateHook
+from .torch_compile import TorchCompileHook, compile_forward, compile_with_hook
 
 __all__ = [
     "CocoSummaryHook",
@@ -34,7 +36,10 @@ __all__ = [
     "NonFiniteLossHook",
     "NPUSetupHook",
     "SetupAction",
+    "TorchCompileHook",
     "apply_device_setup",
+    "compile_forward",
+    "compile_with_hook",
     "launch_env_setup",
     "plan_device_setup",
 ]
