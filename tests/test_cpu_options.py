@@ -170,14 +170,17 @@ def test_probe_reads_the_corner_rows_of_each_sample():
     spatial = torch.tensor([[4, 4]])
     starts = torch.tensor([0])
     value = torch.arange(1 * 16 * 2 * 3, dtype=torch.float32).view(1, 16, 2, 3)
-    # Sample 0: pixel centre (1, 1) -> corners (1, 1), (2, 1), (1, 2), (2, 2);
-    # sample 1: left of the map by more than a pixel -> no corner.
-    loc = torch.tensor([[1.5 / 4, 1.5 / 4], [-0.5, 0.5]]).view(1, 1, 1, 1, 2, 2)
-    loc = loc.expand(1, 1, 2, 1, 2, 2).contiguous()
-    index = cpu_probe.corner_rows(value, spatial, starts, loc)
-    keys = torch.tensor([5, 6, 9, 10])
-    for h in range(2):
-        assert index[h].tolist() == (keys * 2 + h).tolist() + [-1] * 4
+    # Sample 0: pixel centre (1, 1) -> corners (1, 1), (2, 1), (1, 2), (2, 2); sample 1: on
+    # the left edge (x0 = -1) -> only its right corners (0, 1), (0, 2); sample 2: left of the
+    # map by more than a pixel -> no corner.
+    loc = torch.tensor([[1.5 / 4, 1.5 / 4], [0.0, 1.5 / 4], [-0.5, 0.5]]).view(1, 1, 1, 1, 3, 2)
+    loc = loc.expand(1, 1, 2, 1, 3, 2).contiguous()
+    plan = cpu_probe.probe_plan(value, spatial, starts, loc)
+    assert plan.corners[0].tolist() == [0b1111, 0b1010, 0] and plan.x_step == 2
+    assert plan.row_step.tolist() == [8, 8, 8]
     rows = value.reshape(-1, 3)
-    got = cpu_probe.gather_probe(rows, index, grain=1)
-    torch.testing.assert_close(got, rows[index[:, :4]].sum(1))
+    for h in range(2):
+        keys = torch.tensor([5, 6, 9, 10, 4, 8])
+        want = rows[keys * 2 + h].sum(0)
+        got = cpu_probe.gather_probe(rows, plan, grain=1)[h]
+        torch.testing.assert_close(got, want)

@@ -210,16 +210,16 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
 
 
 def make_probe(inputs: Tuple[torch.Tensor, ...], case) -> Optional[Callable[[], object]]:
-    """The gather-only probe of this case (its corner rows listed once, here), or None
+    """The gather-only probe of this case (its corner rows planned once, here), or None
     without the cpu kernel."""
     if isa() is None:
         return None
     value, shapes, starts, loc, _ = inputs
-    index = cpu_probe.corner_rows(value, shapes, starts, loc)
+    plan = cpu_probe.probe_plan(value, shapes, starts, loc)
     rows = value.reshape(-1, value.shape[-1]).float().contiguous()
     grain = cpu_probe.forward_grain(case.num_heads, len(case.levels), case.num_points)
-    cpu_probe.gather_probe(rows, index, grain)  # warm-up
-    return lambda: cpu_probe.gather_probe(rows, index, grain)
+    cpu_probe.gather_probe(rows, plan, grain)  # warm-up
+    return lambda: cpu_probe.gather_probe(rows, plan, grain)
 
 
 def derive(rows: List[dict]) -> List[dict]:

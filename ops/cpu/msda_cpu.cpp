@@ -837,18 +837,27 @@ std::tuple<std::string, int64_t, int64_t> backward_plan(int64_t B, int64_t K, in
 // the next r's rows prefetched as the kernel prefetches its next row's corners. The loads
 // of the forward with nothing else computed: its time is the machine's row-load limit for
 // that access pattern.
-at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& index, int64_t grain) {
+at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& top_left,
+                        const at::Tensor& corners, const at::Tensor& row_step, int64_t x_step,
+                        int64_t grain) {
   TORCH_CHECK_VALUE(rows.dim() == 2 && rows.scalar_type() == at::kFloat && rows.is_contiguous(),
                     "rows: expected a contiguous float32 (num_rows, D) tensor");
-  TORCH_CHECK_VALUE(index.dim() == 2 && index.scalar_type() == at::kLong && index.is_contiguous(),
-                    "index: expected a contiguous int64 (N, m) tensor");
+  TORCH_CHECK_VALUE(
+      top_left.dim() == 2 && top_left.scalar_type() == at::kInt && top_left.is_contiguous(),
+      "top_left: expected a contiguous int32 (N, S) tensor");
+  TORCH_CHECK_VALUE(corners.sizes() == top_left.sizes() && corners.scalar_type() == at::kByte &&
+                        corners.is_contiguous(),
+                    "corners: expected a contiguous uint8 tensor shaped like top_left");
+  TORCH_CHECK_VALUE(row_step.dim() == 1 && row_step.size(0) == top_left.size(1) &&
+                        row_step.scalar_type() == at::kLong && row_step.is_contiguous(),
+                    "row_step: expected a contiguous int64 (S,) tensor");
   TORCH_CHECK_VALUE(grain > 0, "grain: expected a positive integer");
-  const int64_t N = index.size(0), m = index.size(1), R = rows.size(0), Dd = rows.size(1);
-  const int64_t* ix = index.data_ptr<int64_t>();
-  // One unsigned comparison both skips -1 and keeps any other entry in bounds.
-  const auto missing = [R](int64_t k) {
-    return static_cast<uint64_t>(k) >= static_cast<uint64_t>(R);
-  };
+  const int64_t N = top_left.size(0), S = top_left.size(1), Dd = rows.size(1);
+  const int32_t* tl = top_left.data_ptr<int32_t>();
+  const uint8_t* cm = corners.data_ptr<uint8_t>();
+  const int64_t* step = row_step.data_ptr<int64_t>();
+  // Corner k of sample i lies delta[k] rows after its top-left one; bit k of corners says
+  // it is inside the map (the plan was made by Python, which checked every index).
   at::Tensor out = at::empty({N, Dd}, rows.options());
   const float* v = rows.data_ptr<float>();
   float* o = out.data_ptr<float>();
@@ -857,22 +866,24 @@ at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& index, int64_t
     const int64_t D = DC > 0 ? DC : Dd;
     at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
       std::vector<float> acc(D);
-      for (int64_t r = begin; r < end; ++r) {
-        if (r + 1 < end) {
-          for (int64_t j = 0; j < m; ++j) {
-            const int64_t next = ix[(r + 1) * m + j];
-            if (!missing(next)) prefetch_row<0>(v + next * D, D);
+      const auto each_corner = [&](int64_t r, auto&& f) {
+        for (int64_t i = 0; i < S; ++i) {
+          const uint8_t m = cm[r * S + i];
+          const int64_t k = tl[r * S + i];
+          const int64_t delta[4] = {0, x_step, step[i], step[i] + x_step};
+          for (int c = 0; c < 4; ++c) {
+            if (m & (1u << c)) f(v + (k + delta[c]) * D);
           }
         }
+      };
+      for (int64_t r = begin; r < end; ++r) {
+        if (r + 1 < end) each_corner(r + 1, [&](const float* row) { prefetch_row<0>(row, D); });
         std::fill(acc.begin(), acc.end(), 0.0f);
         float* a = acc.data();
-        for (int64_t j = 0; j < m; ++j) {
-          const int64_t k = ix[r * m + j];
-          if (missing(k)) continue;
-          const float* src = v + k * D;
+        each_corner(r, [&](const float* src) {
 #pragma omp simd
           for (int64_t c = 0; c < D; ++c) a[c] += src[c];
-        }
+        });
         std::memcpy(o + r * D, a, D * sizeof(float));
       }
     });

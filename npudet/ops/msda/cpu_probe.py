@@ -1,31 +1,55 @@
 """The gather-only probe: the machine's row-load limit for one MSDA call's access pattern.
 
-For every output row (b, q, h) and every sample of it, the four bilinear corner rows of
-``head_dim`` values that the fused kernel reads (the same out-of-map rule: a corner outside
-the map is not read) are listed once, outside the timing; the probe then only sums those
-rows per output row in the kernel's extension (same threads, work grain and one-row-ahead
-prefetch as its forward). Nothing is weighted, planned or written back but one row per
-output row, so a fused implementation's time over the probe's ("x of the limit") says how
-far it is from the rate at which this machine can load its rows.
+For every output row (b, q, h) and every sample of it, the probe loads the bilinear corner
+rows of ``head_dim`` values that the fused kernel reads (the same out-of-map rule: a corner
+outside the map is not read) and sums them, in the kernel's extension with its threads, work
+grain and one-row-ahead prefetch. Its plan is made once, outside the timing, and is smaller
+than what the kernel reads per sample (4-byte top-left row + 1-byte corner mask against the
+kernel's 8-byte location + 4-byte weight): nothing is weighted, planned or written back but
+one row per output row. A fused implementation's time over the probe's ("x of the limit")
+says how far it is from the rate at which this machine loads its rows.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from . import cpu_impl
 
 
-def corner_rows(
+class ProbePlan(NamedTuple):
+    """Where each sample's corners lie in ``value.reshape(-1, head_dim)``.
+
+    top_left: (bs * nq * heads, levels * points) int32, the row of the sample's top-left
+        corner (x0, y0) (it may be outside the map; only flagged corners are read).
+    corners: same shape, uint8; bit k set when corner k (top-left, top-right, bottom-left,
+        bottom-right) is inside the map.
+    row_step: (levels * points,) int64, rows from a corner to the one below it (W * heads).
+    x_step: rows from a corner to the one on its right (heads).
+    """
+
+    top_left: torch.Tensor
+    corners: torch.Tensor
+    row_step: torch.Tensor
+    x_step: int
+
+
+def probe_plan(
     value: torch.Tensor,
     spatial_shapes: torch.Tensor,
     level_start_index: torch.Tensor,
     sampling_locations: torch.Tensor,
-) -> torch.Tensor:
-    """(bs * num_queries * heads, levels * points * 4) int64: for each output row, the rows
-    of ``value.reshape(-1, head_dim)`` its samples' corners read, -1 for a corner outside
-    the map. value (bs, keys, heads, D); sampling_locations (bs, nq, heads, L, P, 2)."""
+) -> ProbePlan:
+    """The probe's plan for one call. value (bs, keys, heads, D); sampling_locations
+    (bs, nq, heads, L, P, 2)."""
     bs, keys, heads, _ = value.shape
+    if bs * keys * heads >= 2**31:
+        raise ValueError(
+            f"value: the probe indexes rows with int32, got {bs * keys * heads} rows (bs * keys "
+            "* heads)"
+        )
     _, nq, _, levels, points, _ = sampling_locations.shape
     shapes = spatial_shapes.to(torch.long)
     h = shapes[:, 0].view(1, 1, 1, levels, 1)
@@ -39,21 +63,29 @@ def corner_rows(
     y0 = torch.where(inside, y, torch.zeros_like(y)).floor().long()
     batch = torch.arange(bs).view(bs, 1, 1, 1, 1)
     head = torch.arange(heads).view(1, 1, heads, 1, 1)
-    corners = []
-    for dy, dx in ((0, 0), (0, 1), (1, 0), (1, 1)):
+    top_left = ((batch * keys + start + y0 * w + x0) * heads + head).to(torch.int32)
+    corners = torch.zeros_like(top_left, dtype=torch.uint8)
+    for bit, (dy, dx) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
         cx, cy = x0 + dx, y0 + dy
         ok = inside & (cx >= 0) & (cx < w) & (cy >= 0) & (cy < h)
-        key = start + cy * w + cx
-        row = (batch * keys + key) * heads + head
-        corners.append(torch.where(ok, row, torch.full_like(row, -1)))
-    # (bs, nq, heads, L, P, 4) -> one line of L*P*4 rows per output row (b, q, h).
-    return torch.stack(corners, -1).reshape(bs * nq * heads, levels * points * 4).contiguous()
+        corners |= ok.to(torch.uint8) << bit
+    top_left = torch.where(corners > 0, top_left, torch.zeros_like(top_left))
+    row_step = (shapes[:, 1] * heads).repeat_interleave(points).contiguous()
+    lines = bs * nq * heads
+    return ProbePlan(
+        top_left.reshape(lines, levels * points).contiguous(),
+        corners.reshape(lines, levels * points).contiguous(),
+        row_step,
+        heads,
+    )
 
 
-def gather_probe(rows: torch.Tensor, index: torch.Tensor, grain: int) -> torch.Tensor:
-    """(N, D) sums of ``rows`` (num_rows, D) float32 at ``index`` (N, m), -1 skipped; work in
-    chunks of ``grain`` output rows per thread."""
-    return cpu_impl.ext().gather_probe(rows, index, grain)
+def gather_probe(rows: torch.Tensor, plan: ProbePlan, grain: int) -> torch.Tensor:
+    """(N, D) sums of the corner rows of ``rows`` (num_rows, D) float32 that ``plan`` flags,
+    per output row; work in chunks of ``grain`` output rows per thread."""
+    return cpu_impl.ext().gather_probe(
+        rows, plan.top_left, plan.corners, plan.row_step, plan.x_step, grain
+    )
 
 
 def forward_grain(heads: int, levels: int, points: int) -> int:
