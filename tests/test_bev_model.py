@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import pytest
 import torch
-from mmdet.structures import DetDataSample
+from bev_util import IMG_HW, PC_RANGE, random_batch, ring_lidar2img, small_model
 from mmengine.structures import InstanceData
 
 from npudet.models.bev import BEVFormer, SpatialCrossAttention
@@ -20,27 +17,6 @@ from npudet.models.bev.temporal_self_attention import (
     bev_reference_points,
     prev_reference_points,
 )
-
-PC_RANGE = (-10.0, -10.0, -2.0, 10.0, 10.0, 2.0)
-IMG_HW = (32, 48)
-
-
-def ring_lidar2img(num_cams: int, img_hw=IMG_HW, focal: float = 20.0) -> torch.Tensor:
-    """(num_cams, 4, 4) lidar2img of OpenCV cameras 1.5 m up, evenly spaced in yaw."""
-    h, w = img_hw
-    k4 = torch.eye(4, dtype=torch.float64)
-    k4[:3, :3] = torch.tensor([[focal, 0, w / 2], [0, focal, h / 2], [0, 0, 1]])
-    mats = []
-    for i in range(num_cams):
-        a = 2 * math.pi * i / num_cams
-        cam2ego = torch.eye(4, dtype=torch.float64)
-        fwd = torch.tensor([math.cos(a), math.sin(a), 0.0])
-        right = torch.tensor([math.sin(a), -math.cos(a), 0.0])
-        down = torch.tensor([0.0, 0.0, -1.0])
-        cam2ego[:3, :3] = torch.stack([right, down, fwd], 1)
-        cam2ego[:3, 3] = torch.tensor([0.0, 0.0, 1.5])
-        mats.append(k4 @ torch.linalg.inv(cam2ego))
-    return torch.stack(mats).float()
 
 
 def test_projection_sees_points_ahead() -> None:
@@ -58,7 +34,7 @@ def naive_sca(sca, query, feats, shapes, starts, l2i, bev_hw):
     n = feats.shape[1]
     pts = bev_pillar_points(bev_hw[0], bev_hw[1], sca.num_z, sca.pc_range, query.device)
     uv, mask = project_to_cameras(pts, l2i, IMG_HW)
-    value = sca.project_value(feats)
+    value = sca.project_cameras(feats)
     acc = torch.zeros(b, q, c)
     count = torch.zeros(b, q)
     for bi in range(b):
@@ -117,84 +93,6 @@ def test_tsa_alignment() -> None:
     torch.testing.assert_close(moved - ref, shift.expand_as(ref))
 
 
-def small_model(impl: str = "cpu", num_cams: int = 2, two_stage: bool = False) -> BEVFormer:
-    c = 32
-    bev_h = bev_w = 8
-    return BEVFormer(
-        backbone=dict(
-            type="ResNet",
-            depth=18,
-            base_channels=16,
-            num_stages=4,
-            out_indices=(3,),
-            norm_cfg=dict(type="BN", requires_grad=True),
-            norm_eval=False,
-            style="pytorch",
-        ),
-        neck=dict(type="FPN", in_channels=[128], out_channels=c, num_outs=1),
-        encoder=dict(
-            type="BEVFormerEncoder",
-            bev_h=bev_h,
-            bev_w=bev_w,
-            embed_dims=c,
-            num_layers=1,
-            num_heads=4,
-            num_levels=1,
-            num_cams=num_cams,
-            sca_points=4,
-            tsa_points=2,
-            num_z=2,
-            pc_range=PC_RANGE,
-            ffn_dims=64,
-            dropout=0.0,
-        ),
-        bbox_head=dict(
-            type="BEVDetrHead",
-            num_classes=3,
-            embed_dims=c,
-            num_queries=10,
-            num_layers=2,
-            num_heads=4,
-            num_points=2,
-            ffn_dims=64,
-            dropout=0.0,
-            bev_h=bev_h,
-            bev_w=bev_w,
-            pc_range=PC_RANGE,
-            max_per_img=7,
-            two_stage=two_stage,
-        ),
-        msda=dict(impl=impl),
-    )
-
-
-def random_batch(b: int = 2, t: int = 2, n: int = 2):
-    torch.manual_seed(1)
-    l2i = ring_lidar2img(n).double().numpy()
-    samples = []
-    for i in range(b):
-        ego = np.tile(np.eye(4), (t, 1, 1))
-        ego[:, 0, 3] = np.arange(t) * 1.5
-        s = DetDataSample(
-            metainfo=dict(
-                img_shape=IMG_HW,
-                lidar2img=np.tile(l2i, (t, 1, 1, 1)),
-                ego2global=ego,
-                prev_exists=np.array([False] + [i == 0] * (t - 1)),
-            )
-        )
-        boxes = torch.tensor(
-            [
-                [3.0, 1.0, 0.5, 1.8, 4.0, 1.5, 0.3, 1.0, 0.0],
-                [-4.0, 2.0, 0.2, 0.6, 0.7, 1.7, -1.0, 0.0, 0.5],
-            ]
-        )[: i + 1]
-        s.gt_instances_3d = InstanceData(bboxes_3d=boxes, labels_3d=torch.arange(i + 1))
-        samples.append(s)
-    imgs = torch.randint(0, 255, (b, t, n, 3) + IMG_HW, dtype=torch.uint8)
-    return dict(inputs=[dict(imgs=x) for x in imgs], data_samples=samples)
-
-
 def run_loss(model: BEVFormer):
     data = model.data_preprocessor(random_batch(), True)
     return model(**data, mode="loss")
@@ -228,18 +126,19 @@ def test_detector_predict_shapes() -> None:
 
 @pytest.mark.parametrize("part", ["encoder", "decoder"])
 def test_msda_cfg_reaches_layers(part: str) -> None:
-    model = small_model()
-    model_cfg = dict(impl="cpu", **{part: "grid_sample"})
-    from npudet.models.bev import apply_bev_msda_cfg
+    from npudet.models import apply_msda_cfg
 
-    impls = apply_bev_msda_cfg(model, model_cfg)
-    assert impls[part] == "grid_sample"
-    if part == "encoder":
-        assert model.encoder.layers[0].sca.impl == "grid_sample"
-        assert model.bbox_head.layers[0].cross_attn.impl == "cpu"
-    else:
-        assert model.bbox_head.layers[0].cross_attn.impl == "grid_sample"
-        assert model.encoder.layers[0].tsa.impl == "cpu"
+    model = small_model()
+    impls = apply_msda_cfg(model, dict(impl="cpu", **{part: "grid_sample"}))
+    other = "cpu"
+    assert impls == {
+        "encoder": "grid_sample" if part == "encoder" else other,
+        "decoder": "grid_sample" if part == "decoder" else other,
+    }
+    enc_impl, dec_impl = impls["encoder"], impls["decoder"]
+    layer = model.encoder.layers[0]
+    assert layer.sca.impl == layer.tsa.impl == enc_impl
+    assert model.bbox_head.decoder[0].cross_attn.impl == dec_impl
 
 
 @pytest.mark.parametrize("two_stage", [False, True])
@@ -271,7 +170,7 @@ def test_bev_configs_build(name: str) -> None:
     cfg.model.msda.decoder = "grid_sample"
     model = MODELS.build(cfg.model)
     assert model.msda_impls == {"encoder": "auto", "decoder": "grid_sample"}
-    assert model.bbox_head.layers[0].cross_attn.impl == "grid_sample"
+    assert model.bbox_head.decoder[0].cross_attn.impl == "grid_sample"
     # one training step on a random 6-camera batch: the config's parts fit together
     model.init_weights()
     model.train()
@@ -335,7 +234,7 @@ def test_two_stage_losses_and_grads() -> None:
     assert all(torch.isfinite(v) for v in losses.values())
     sum(losses.values()).backward()
     head = model.bbox_head
-    for param in (head.enc_cls.weight, head.memory_proj[0].weight, head.pos_mlp[0].weight):
+    for param in (head.enc_cls.weight, head.memory_proj[0].weight, head.pos_mlp.layers[0].weight):
         assert param.grad is not None and param.grad.abs().sum() > 0
     model.eval()
     data = model.data_preprocessor(random_batch(), False)
@@ -361,8 +260,8 @@ def test_two_stage_queries_start_at_best_proposals() -> None:
         two_stage=True,
     )
     nn_init = torch.nn.init
-    nn_init.zeros_(head.enc_reg[2].weight)
-    nn_init.zeros_(head.enc_reg[2].bias)
+    nn_init.zeros_(head.enc_reg.layers[1].weight)
+    nn_init.zeros_(head.enc_reg.layers[1].bias)
     bev = torch.randn(2, 24, 16)
     logits, codes, memory = head.proposals(bev)
     query, _, ref, _ = head.initial_queries(bev)
@@ -374,20 +273,84 @@ def test_two_stage_queries_start_at_best_proposals() -> None:
         torch.testing.assert_close(query[b], memory[b, best])
 
 
-def test_match_code_weights() -> None:
-    """A heavy (u, v) weight makes matching geometric; a wrong length is refused."""
-    from npudet.models.bev import BEVDetrHead
+def _hungarian(code_weights):
+    from mmdet.registry import TASK_UTILS
 
-    kw = dict(num_classes=1, embed_dims=16, num_queries=2, num_layers=1, num_heads=2, ffn_dims=32)
+    return TASK_UTILS.build(
+        dict(
+            type="HungarianAssigner",
+            match_costs=[
+                dict(type="FocalLossCost", weight=2.0),
+                dict(type="BEVBoxL1Cost", weight=0.25, code_weights=code_weights),
+            ],
+        )
+    )
+
+
+def test_bev_box_cost_weights_make_matching_geometric() -> None:
+    """mmdet's HungarianAssigner with the BEV code cost: a heavy (u, v) weight matches by
+    position, equal weights by size; a wrong number of weights is refused."""
+    from npudet.models.bev import BEVBoxL1Cost
+
     targets = torch.tensor([[0.2, 0.2] + [0.0] * 8, [0.8, 0.8] + [0.0] * 8])
     # query 0 sits on target 0 but has target 1's size; query 1 the other way round
     codes = torch.tensor([[0.2, 0.2, 0, 2.0] + [0.0] * 6, [0.8, 0.8, 0, -2.0] + [0.0] * 6])
     targets[0, 3], targets[1, 3] = -2.0, 2.0
-    logits, labels = torch.zeros(2, 1), torch.zeros(2, dtype=torch.long)
-    rows, cols = BEVDetrHead(**kw).match(logits, codes, labels, targets)
-    assert dict(zip(rows.tolist(), cols.tolist())) == {0: 1, 1: 0}
-    geo = BEVDetrHead(**kw, match_code_weights=[10.0, 10.0] + [1.0] * 6)
-    rows, cols = geo.match(logits, codes, labels, targets)
-    assert dict(zip(rows.tolist(), cols.tolist())) == {0: 0, 1: 1}
-    with pytest.raises(ValueError, match="match_code_weights: expected 8"):
-        BEVDetrHead(**kw, match_code_weights=[1.0] * 10)
+    preds = InstanceData(scores=torch.zeros(2, 1), bboxes=codes)
+    gts = InstanceData(labels=torch.zeros(2, dtype=torch.long), bboxes=targets)
+    cost = BEVBoxL1Cost(code_weights=[1.0] * 8, weight=0.5)(preds, gts)
+    torch.testing.assert_close(cost, 0.5 * torch.tensor([[4.0, 1.2], [1.2, 4.0]]))
+    assert (_hungarian([1.0] * 8).assign(preds, gts).gt_inds - 1).tolist() == [1, 0]
+    geometric = _hungarian([10.0, 10.0] + [1.0] * 6)
+    assert (geometric.assign(preds, gts).gt_inds - 1).tolist() == [0, 1]
+    with pytest.raises(ValueError, match="code_weights: expected 1 to 10"):
+        BEVBoxL1Cost(code_weights=[1.0] * 11)
+
+
+def test_head_losses_are_mmdets_built_from_config() -> None:
+    """The head's loss goes through mmdet's FocalLoss, L1Loss and HungarianAssigner."""
+    from mmdet.models.losses import FocalLoss, L1Loss
+    from mmdet.models.task_modules import FocalLossCost, HungarianAssigner
+
+    from npudet.models.bev import BEVBoxL1Cost
+
+    torch.manual_seed(0)
+    model = small_model().eval()  # eval: batch norm statistics stay as they are between runs
+    head = model.bbox_head
+    assert type(head.loss_cls) is FocalLoss and type(head.loss_bbox) is L1Loss
+    assert type(head.assigner) is HungarianAssigner
+    assert [type(c) for c in head.assigner.match_costs] == [FocalLossCost, BEVBoxL1Cost]
+    calls = {"assign": 0, "loss_cls": 0, "loss_bbox": 0}
+    assign = head.assigner.assign
+
+    def counted_assign(*args, **kwargs):
+        calls["assign"] += 1
+        return assign(*args, **kwargs)
+
+    head.assigner.assign = counted_assign
+    for name in ("loss_cls", "loss_bbox"):
+        getattr(head, name).register_forward_hook(
+            lambda *_, key=name: calls.__setitem__(key, calls[key] + 1)
+        )
+    torch.manual_seed(0)
+    losses = run_loss(model)
+    layers, samples = len(head.decoder), 2
+    assert calls == {"assign": layers * samples, "loss_cls": layers, "loss_bbox": layers}
+    # the configured loss weight reaches mmdet's FocalLoss: doubling it doubles loss_cls only
+    head.loss_cls.loss_weight *= 2
+    torch.manual_seed(0)
+    doubled = run_loss(model)
+    torch.testing.assert_close(doubled["loss_cls"], 2 * losses["loss_cls"])
+    torch.testing.assert_close(doubled["loss_bbox"], losses["loss_bbox"])
+
+
+def test_head_refuses_bad_loss_and_train_cfg() -> None:
+    from npudet.models.bev import BEVDetrHead
+
+    kw = dict(num_classes=2, embed_dims=16, num_queries=4, num_layers=1, num_heads=2, ffn_dims=32)
+    with pytest.raises(ValueError, match="loss_cls: the head scores classes by sigmoid"):
+        BEVDetrHead(**kw, loss_cls=dict(type="CrossEntropyLoss", use_sigmoid=False))
+    with pytest.raises(ValueError, match="train_cfg: expected an 'assigner'"):
+        BEVDetrHead(**kw, train_cfg=dict(sampler=None))
+    with pytest.raises(ValueError, match="code_weights: expected 10"):
+        BEVDetrHead(**kw, code_weights=[1.0] * 8)

@@ -2,8 +2,9 @@
 # (data/bev_synth: 6 cameras, 160x96 images, 3 classes), trained from scratch on CPU:
 # ResNet-18 at half width (stride-8 and stride-16 stages), 2 FPN levels, 64-d BEV of 25x25
 # cells over +-25 m, 2 encoder + 3 decoder layers, queue of 2 frames. Two-stage head: every
-# BEV cell proposes a box, the best 50 seed the decoder; matching weighs the centre (u, v)
-# 5x, so queries are assigned to the objects they are near. 12 epochs = 768 iterations.
+# BEV cell proposes a box, the best 50 seed the decoder; mmdet's HungarianAssigner weighs the
+# centre (u, v) 5x, so queries are assigned to the objects they are near; mmdet's FocalLoss and
+# L1Loss. 12 epochs = 768 iterations.
 _base_ = ['../_base_/default_runtime.py']
 custom_imports = dict(
     imports=[
@@ -71,13 +72,27 @@ model = dict(
         bev_w=bev_w,
         pc_range=pc_range,
         code_weights=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2],
-        match_code_weights=[5.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
-        loss_cls_weight=2.0,
-        loss_bbox_weight=0.25,
-        cls_cost_weight=2.0,
-        reg_cost_weight=0.25,
-        max_per_img=50,
-        two_stage=True))
+        two_stage=True,
+        loss_cls=dict(
+            type='FocalLoss',
+            use_sigmoid=True,
+            gamma=2.0,
+            alpha=0.25,
+            loss_weight=2.0),
+        loss_bbox=dict(type='L1Loss', loss_weight=0.25)),
+    # matching: focal class cost + L1 over the codes (u, v, zn, log sizes, sin, cos;
+    # velocity left out), the centre weighted 5x
+    train_cfg=dict(
+        assigner=dict(
+            type='HungarianAssigner',
+            match_costs=[
+                dict(type='FocalLossCost', weight=2.0),
+                dict(
+                    type='BEVBoxL1Cost',
+                    weight=0.25,
+                    code_weights=[5.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+            ])),
+    test_cfg=dict(max_per_img=50))
 
 dataset_type = 'BEVDataset'
 data_root = 'data/bev_synth/'

@@ -55,9 +55,15 @@ model = dict(
         bev_h=bev_h,
         bev_w=bev_w,
         pc_range=pc_range,
-        match_code_weights=None,
-        two_stage=False,
-        max_per_img=300))
+        two_stage=False),
+    train_cfg=dict(
+        assigner=dict(
+            type='HungarianAssigner',
+            match_costs=[
+                dict(type='FocalLossCost', weight=2.0),
+                dict(type='BEVBoxL1Cost', weight=0.25)
+            ])),
+    test_cfg=dict(max_per_img=300))
 
 data_root = 'data/nuscenes/'
 metainfo = dict(classes=classes)

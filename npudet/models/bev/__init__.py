@@ -1,19 +1,20 @@
 """BEVFormer-style multi-camera 3D detection on npudet's MSDA (registers in mmdet MODELS)."""
 
 from .box_coder import BEVBoxCoder
-from .detector import BEVDataPreprocessor, BEVFormer, apply_bev_msda_cfg
+from .detector import BEVDataPreprocessor, BEVFormer
 from .encoder import BEVFormerEncoder
 from .head import BEVDetrHead
+from .match_cost import BEVBoxL1Cost
 from .spatial_cross_attention import SpatialCrossAttention
 from .temporal_self_attention import TemporalSelfAttention
 
 __all__ = [
     "BEVBoxCoder",
+    "BEVBoxL1Cost",
     "BEVDataPreprocessor",
     "BEVDetrHead",
     "BEVFormer",
     "BEVFormerEncoder",
     "SpatialCrossAttention",
     "TemporalSelfAttention",
-    "apply_bev_msda_cfg",
 ]

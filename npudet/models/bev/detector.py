@@ -9,12 +9,9 @@ import torch
 from mmdet.models.detectors import BaseDetector
 from mmdet.registry import MODELS
 from mmengine.model import BaseDataPreprocessor
-from torch import Tensor, nn
+from torch import Tensor
 
-from ..detectors.msda_config import resolve_msda_cfg
-from .head import BEVCrossAttention
-from .spatial_cross_attention import SpatialCrossAttention
-from .temporal_self_attention import TemporalSelfAttention
+from ..detectors.msda_config import apply_msda_cfg
 
 
 @MODELS.register_module()
@@ -52,18 +49,6 @@ class BEVDataPreprocessor(BaseDataPreprocessor):
         return dict(inputs=imgs, data_samples=samples)
 
 
-def apply_bev_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, str]:
-    """Set ``impl`` of the encoder's TSA/SCA and the head's BEV cross-attention per ``msda``."""
-    impls = resolve_msda_cfg(msda)
-    for mod in detector.encoder.modules():
-        if isinstance(mod, (SpatialCrossAttention, TemporalSelfAttention)):
-            mod.impl = impls["encoder"]
-    for mod in detector.bbox_head.modules():
-        if isinstance(mod, BEVCrossAttention):
-            mod.impl = impls["decoder"]
-    return impls
-
-
 def _meta_tensor(samples: List[Any], key: str, device: torch.device, dtype=torch.float32) -> Tensor:
     return torch.stack(
         [torch.as_tensor(np.asarray(s.metainfo[key]), dtype=dtype) for s in samples]
@@ -76,7 +61,9 @@ class BEVFormer(BaseDetector):
 
     Previous frames of the queue are encoded without gradient, in eval mode, each one
     seeding the next; the current frame runs with gradient. ``msda``: dict(impl='auto',
-    encoder=None, decoder=None); encoder = TSA + SCA, decoder = head cross-attention.
+    encoder=None, decoder=None) (see :func:`apply_msda_cfg`); encoder = TSA + SCA,
+    decoder = the head's cross-attention. ``train_cfg`` (the assigner) and ``test_cfg``
+    (``max_per_img``) go to the head, as in mmdet's DETR detectors.
     """
 
     def __init__(
@@ -99,8 +86,10 @@ class BEVFormer(BaseDetector):
         self.backbone = MODELS.build(backbone)
         self.neck = MODELS.build(neck)
         self.encoder = MODELS.build(encoder)
+        head_cfgs = dict(train_cfg=train_cfg, test_cfg=test_cfg)
+        bbox_head = {**bbox_head, **{k: v for k, v in head_cfgs.items() if v is not None}}
         self.bbox_head = MODELS.build(bbox_head)
-        self.msda_impls = apply_bev_msda_cfg(self, msda)
+        self.msda_impls = apply_msda_cfg(self, msda)
 
     def extract_feat(self, imgs: Tensor) -> List[Tensor]:
         """imgs (B, Ncam, 3, H, W) -> list of (B, Ncam, C, h, w)."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
+from mmcv.cnn.bricks.transformer import FFN
 from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
@@ -17,21 +18,22 @@ from .temporal_self_attention import (
 )
 
 
-class FFN(nn.Module):
-    """Linear -> ReLU -> dropout -> Linear -> dropout, plus residual: (..., C) -> (..., C)."""
+class CameraFeatures(NamedTuple):
+    """What spatial cross-attention samples: flattened camera levels and their geometry."""
 
-    def __init__(self, embed_dims: int, hidden: int, dropout: float) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(embed_dims, hidden),
-            nn.ReLU(inplace=True),
-            nn.Dropout(dropout),
-            nn.Linear(hidden, embed_dims),
-            nn.Dropout(dropout),
-        )
+    feats: Tensor  # (B, N, keys, C)
+    spatial_shapes: Tensor  # (levels, 2) long
+    level_start_index: Tensor  # (levels,) long
+    lidar2img: Tensor  # (B, N, 4, 4)
+    img_shape: Tuple[int, int]
 
-    def forward(self, x: Tensor) -> Tensor:
-        return x + self.net(x)
+
+class BEVGeometry(NamedTuple):
+    """The BEV grid: cell centres (Q, 2), the cells in the previous frame (B, Q, 2), (H, W)."""
+
+    ref: Tensor
+    ref_prev: Tensor
+    hw: Tuple[int, int]
 
 
 class BEVFormerEncoderLayer(BaseModule):
@@ -54,8 +56,39 @@ class BEVFormerEncoderLayer(BaseModule):
         self.sca = SpatialCrossAttention(
             embed_dims, num_heads, num_levels, sca_points, num_z, pc_range, dropout
         )
-        self.ffn = FFN(embed_dims, ffn_dims, dropout)
+        self.ffn = FFN(embed_dims, ffn_dims, ffn_drop=dropout)
         self.norms = nn.ModuleList(nn.LayerNorm(embed_dims) for _ in range(3))
+
+    def forward(
+        self,
+        query: Tensor,
+        query_pos: Tensor,
+        bev: BEVGeometry,
+        camera: CameraFeatures,
+        prev_bev: Optional[Tensor] = None,
+        prev_valid: Optional[Tensor] = None,
+    ) -> Tensor:
+        """query, query_pos (B, Q, C) -> (B, Q, C).
+
+        ``prev_bev`` (B, Q, C) or None; samples whose ``prev_valid`` (B,) is False
+        attend to this layer's input queries in its place.
+        """
+        if prev_bev is not None and prev_valid is not None:
+            prev_bev = torch.where(prev_valid.view(-1, 1, 1), prev_bev, query)
+        query = self.norms[0](self.tsa(query, bev.ref, bev.ref_prev, bev.hw, prev_bev, query_pos))
+        query = self.norms[1](
+            self.sca(
+                query,
+                camera.feats,
+                camera.spatial_shapes,
+                camera.level_start_index,
+                camera.lidar2img,
+                camera.img_shape,
+                bev.hw,
+                query_pos,
+            )
+        )
+        return self.norms[2](self.ffn(query))
 
 
 @MODELS.register_module()
@@ -149,16 +182,14 @@ class BEVFormerEncoder(BaseModule):
             ref_prev = prev_reference_points(ref, ego2global, ego2global_prev, self.pc_range)
         else:
             ref_prev = ref[None].expand(b, -1, -1)
-        if prev_bev is not None and prev_valid is not None:
-            keep = prev_valid.view(b, 1, 1).to(device)
-            ref_prev = torch.where(keep, ref_prev, ref[None].expand(b, -1, -1))
+        if prev_valid is not None:
+            prev_valid = prev_valid.to(device)
+            if prev_bev is not None:
+                ref_prev = torch.where(
+                    prev_valid.view(b, 1, 1), ref_prev, ref[None].expand_as(ref_prev)
+                )
+        camera = CameraFeatures(feats, shapes, starts, lidar2img, img_shape)
+        bev = BEVGeometry(ref, ref_prev, bev_hw)
         for layer in self.layers:
-            stand_in = prev_bev
-            if prev_bev is not None and prev_valid is not None:
-                stand_in = torch.where(prev_valid.view(b, 1, 1).to(device), prev_bev, query)
-            query = layer.norms[0](layer.tsa(query, ref, ref_prev, bev_hw, stand_in, pos))
-            query = layer.norms[1](
-                layer.sca(query, feats, shapes, starts, lidar2img, img_shape, bev_hw, pos)
-            )
-            query = layer.norms[2](layer.ffn(query))
+            query = layer(query, pos, bev, camera, prev_bev, prev_valid)
         return query

@@ -5,107 +5,21 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
-from mmdet.models.layers.transformer.utils import coordinate_to_encoding
-from mmdet.registry import MODELS
-from mmengine.model import BaseModule
+from mmdet.models.layers import (
+    MLP,
+    DeformableDetrTransformerDecoderLayer,
+    coordinate_to_encoding,
+    inverse_sigmoid,
+)
+from mmdet.registry import MODELS, TASK_UTILS
+from mmdet.utils import reduce_mean
+from mmengine.model import BaseModule, bias_init_with_prob
 from mmengine.structures import InstanceData
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor, nn
 
-from npudet.ops import multi_scale_deformable_attn
-
-from ..layers import check_impl_name
+from ..layers import convert_msda
 from .box_coder import CODE_SIZE, BEVBoxCoder
 from .temporal_self_attention import bev_reference_points
-
-
-def inverse_sigmoid(x: Tensor, eps: float = 1e-5) -> Tensor:
-    x = x.clamp(0.0, 1.0)
-    return torch.log(x.clamp(min=eps) / (1.0 - x).clamp(min=eps))
-
-
-def sigmoid_focal_loss(
-    logits: Tensor, targets: Tensor, alpha: float = 0.25, gamma: float = 2.0
-) -> Tensor:
-    """Elementwise sigmoid focal loss; logits and 0/1 targets of the same shape."""
-    prob = logits.sigmoid()
-    ce = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")
-    p_t = prob * targets + (1 - prob) * (1 - targets)
-    a_t = alpha * targets + (1 - alpha) * (1 - targets)
-    return a_t * (1 - p_t).pow(gamma) * ce
-
-
-class BEVCrossAttention(nn.Module):
-    """MSDA of object queries (B, nq, C) over the BEV map (B, Q, C), one level."""
-
-    def __init__(
-        self, embed_dims: int, num_heads: int, num_points: int, dropout: float, impl: str = "auto"
-    ) -> None:
-        super().__init__()
-        self.num_heads, self.num_points = num_heads, num_points
-        self.impl = check_impl_name(impl, "impl")
-        self.sampling_offsets = nn.Linear(embed_dims, num_heads * num_points * 2)
-        self.attention_weights = nn.Linear(embed_dims, num_heads * num_points)
-        self.value_proj = nn.Linear(embed_dims, embed_dims)
-        self.output_proj = nn.Linear(embed_dims, embed_dims)
-        self.dropout = nn.Dropout(dropout)
-        nn.init.zeros_(self.sampling_offsets.weight)
-        nn.init.uniform_(self.sampling_offsets.bias, -1.0, 1.0)
-        nn.init.zeros_(self.attention_weights.weight)
-        nn.init.zeros_(self.attention_weights.bias)
-
-    def forward(
-        self, query: Tensor, query_pos: Tensor, bev: Tensor, ref: Tensor, bev_hw: Tuple[int, int]
-    ) -> Tensor:
-        """ref (B, nq, 2) normalised BEV (u, v). Returns (B, nq, C)."""
-        b, nq, c = query.shape
-        h, p = self.num_heads, self.num_points
-        q = query + query_pos
-        value = self.value_proj(bev).view(b, bev.shape[1], h, c // h)
-        offsets = self.sampling_offsets(q).view(b, nq, h, 1, p, 2)
-        normalizer = q.new_tensor([bev_hw[1], bev_hw[0]])
-        locations = ref[:, :, None, None, None, :] + offsets / normalizer
-        weights = self.attention_weights(q).view(b, nq, h, p).softmax(-1).view(b, nq, h, 1, p)
-        shapes = torch.tensor([bev_hw], dtype=torch.long, device=q.device)
-        out = multi_scale_deformable_attn(
-            value, shapes, shapes.new_zeros(1), locations, weights, impl=self.impl
-        )
-        return self.dropout(self.output_proj(out)) + query
-
-
-class DecoderLayer(nn.Module):
-    """Self-attention -> norm -> BEV cross-attention -> norm -> FFN -> norm."""
-
-    def __init__(
-        self, embed_dims: int, num_heads: int, num_points: int, ffn_dims: int, dropout: float
-    ) -> None:
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(embed_dims, num_heads, dropout, batch_first=True)
-        self.cross_attn = BEVCrossAttention(embed_dims, num_heads, num_points, dropout)
-        self.ffn = nn.Sequential(
-            nn.Linear(embed_dims, ffn_dims),
-            nn.ReLU(inplace=True),
-            nn.Dropout(dropout),
-            nn.Linear(ffn_dims, embed_dims),
-            nn.Dropout(dropout),
-        )
-        self.norms = nn.ModuleList(nn.LayerNorm(embed_dims) for _ in range(3))
-
-    def forward(
-        self, query: Tensor, query_pos: Tensor, bev: Tensor, ref: Tensor, bev_hw: Tuple[int, int]
-    ) -> Tensor:
-        qk = query + query_pos
-        query = self.norms[0](query + self.self_attn(qk, qk, query, need_weights=False)[0])
-        query = self.norms[1](self.cross_attn(query, query_pos, bev, ref, bev_hw))
-        return self.norms[2](query + self.ffn(query))
-
-
-def regression_mlp(embed_dims: int) -> nn.Module:
-    """Linear -> ReLU -> Linear to the 10-d code deltas."""
-    return nn.Sequential(
-        nn.Linear(embed_dims, embed_dims), nn.ReLU(inplace=True), nn.Linear(embed_dims, CODE_SIZE)
-    )
 
 
 def refine_codes(ref: Tensor, delta: Tensor) -> Tensor:
@@ -117,19 +31,46 @@ def refine_codes(ref: Tensor, delta: Tensor) -> Tensor:
     return torch.cat([uv, delta[..., 2:3].sigmoid(), delta[..., 3:]], -1)
 
 
+def default_loss_cls() -> dict:
+    """Sigmoid focal loss, as in mmdet's Deformable DETR head."""
+    return dict(type="FocalLoss", use_sigmoid=True, gamma=2.0, alpha=0.25, loss_weight=2.0)
+
+
+def default_train_cfg() -> dict:
+    """Hungarian matching on the focal classification cost and the code L1 cost."""
+    return dict(
+        assigner=dict(
+            type="HungarianAssigner",
+            match_costs=[
+                dict(type="FocalLossCost", weight=2.0),
+                dict(type="BEVBoxL1Cost", weight=0.25),
+            ],
+        )
+    )
+
+
 @MODELS.register_module()
 class BEVDetrHead(BaseModule):
     """Object queries decoded against the BEV map with iterative (u, v) refinement.
 
+    Decoder layers are mmdet's ``DeformableDetrTransformerDecoderLayer`` (self-attention,
+    one-level deformable cross-attention over the BEV map, mmcv FFN) on npudet's MSDA.
     Per decoder layer: class logits (B, nq, K) and codes (B, nq, 10) in the
-    :class:`BEVBoxCoder` space. Losses: sigmoid focal + code-weighted L1 after
-    Hungarian matching, for every layer (``d{i}.`` prefix for all but the last).
+    :class:`BEVBoxCoder` space. Training, for every layer (``d{i}.`` prefix for all but
+    the last): ``train_cfg['assigner']`` (mmdet's ``HungarianAssigner``) matches queries
+    to objects, then ``loss_cls`` (mmdet ``FocalLoss``) on all queries and ``loss_bbox``
+    (mmdet ``L1Loss``, entries weighted by ``code_weights``) on the matched ones, both
+    averaged over the number of objects, as mmdet's DETR heads do.
 
     ``two_stage=False``: learned query positions and reference points (BEVFormer).
     ``two_stage=True``: every BEV cell proposes a box (``enc.`` losses, matched like a
     decoder layer); the ``num_queries`` best proposals seed the decoder, whose query
     content is the proposal's feature and whose positional query is an MLP of the
     sine embedding of its current reference point (Deformable DETR two-stage / DINO).
+
+    ``loss_cls`` defaults to :func:`default_loss_cls`, ``loss_bbox`` to
+    ``L1Loss(loss_weight=0.25)``, ``train_cfg`` to :func:`default_train_cfg`,
+    ``test_cfg`` to ``dict(max_per_img=100)``.
     """
 
     def __init__(
@@ -146,60 +87,71 @@ class BEVDetrHead(BaseModule):
         bev_w: int = 50,
         pc_range: Sequence[float] = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0),
         code_weights: Sequence[float] = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2),
-        match_code_weights: Optional[Sequence[float]] = None,
-        loss_cls_weight: float = 2.0,
-        loss_bbox_weight: float = 0.25,
-        cls_cost_weight: float = 2.0,
-        reg_cost_weight: float = 0.25,
-        max_per_img: int = 100,
         two_stage: bool = False,
+        loss_cls: Optional[dict] = None,
+        loss_bbox: Optional[dict] = None,
+        train_cfg: Optional[dict] = None,
+        test_cfg: Optional[dict] = None,
         init_cfg=None,
     ) -> None:
         super().__init__(init_cfg)
         self.num_classes, self.num_queries = num_classes, num_queries
         self.bev_hw = (bev_h, bev_w)
         self.coder = BEVBoxCoder(pc_range)
+        if len(code_weights) != CODE_SIZE:
+            raise ValueError(f"code_weights: expected {CODE_SIZE} weights, got {len(code_weights)}")
         self.register_buffer("code_weights", torch.tensor(code_weights), persistent=False)
-        match_w = code_weights[:8] if match_code_weights is None else match_code_weights
-        if len(match_w) != 8:
-            raise ValueError(
-                f"match_code_weights: expected 8 weights (u, v, z, log w, log l, log h, sin, cos), "
-                f"got {len(match_w)}"
-            )
-        self.register_buffer("match_code_weights", torch.tensor(match_w), persistent=False)
-        self.loss_cls_weight, self.loss_bbox_weight = loss_cls_weight, loss_bbox_weight
-        self.cls_cost_weight, self.reg_cost_weight = cls_cost_weight, reg_cost_weight
-        self.max_per_img = max_per_img
+        loss_cls = loss_cls or default_loss_cls()
+        if not loss_cls.get("use_sigmoid", False):
+            raise ValueError(f"loss_cls: the head scores classes by sigmoid, got {loss_cls}")
+        self.loss_cls = MODELS.build(loss_cls)
+        self.loss_bbox = MODELS.build(loss_bbox or dict(type="L1Loss", loss_weight=0.25))
+        train_cfg = train_cfg or default_train_cfg()
+        if "assigner" not in train_cfg:
+            raise ValueError(f"train_cfg: expected an 'assigner' entry, got {dict(train_cfg)}")
+        self.assigner = TASK_UTILS.build(train_cfg["assigner"])
+        self.test_cfg = {"max_per_img": 100, **(test_cfg or {})}
         self.two_stage = two_stage
         if two_stage:
             self.memory_proj = nn.Sequential(
                 nn.Linear(embed_dims, embed_dims), nn.LayerNorm(embed_dims)
             )
             self.enc_cls = nn.Linear(embed_dims, num_classes)
-            self.enc_reg = regression_mlp(embed_dims)
-            self.pos_mlp = nn.Sequential(
-                nn.Linear(embed_dims, embed_dims),
-                nn.ReLU(inplace=True),
-                nn.Linear(embed_dims, embed_dims),
-            )
+            self.enc_reg = MLP(embed_dims, embed_dims, CODE_SIZE, 2)
+            self.pos_mlp = MLP(embed_dims, embed_dims, embed_dims, 2)
         else:
             self.query_embedding = nn.Embedding(num_queries, embed_dims * 2)
             self.ref_points = nn.Linear(embed_dims, 2)
-        self.layers = nn.ModuleList(
-            DecoderLayer(embed_dims, num_heads, num_points, ffn_dims, dropout)
+        self.decoder = nn.ModuleList(
+            DeformableDetrTransformerDecoderLayer(
+                self_attn_cfg=dict(embed_dims=embed_dims, num_heads=num_heads, attn_drop=dropout),
+                cross_attn_cfg=dict(
+                    embed_dims=embed_dims,
+                    num_heads=num_heads,
+                    num_levels=1,
+                    num_points=num_points,
+                    dropout=dropout,
+                ),
+                ffn_cfg=dict(
+                    embed_dims=embed_dims, feedforward_channels=ffn_dims, ffn_drop=dropout
+                ),
+            )
             for _ in range(num_layers)
         )
+        convert_msda(self.decoder, "auto")  # mmdet builds mmcv's class; sample on npudet's op
         self.cls_branches = nn.ModuleList(
             nn.Linear(embed_dims, num_classes) for _ in range(num_layers)
         )
-        self.reg_branches = nn.ModuleList(regression_mlp(embed_dims) for _ in range(num_layers))
-        prior = -torch.log(torch.tensor((1 - 0.01) / 0.01)).item()
+        self.reg_branches = nn.ModuleList(
+            MLP(embed_dims, embed_dims, CODE_SIZE, 2) for _ in range(num_layers)
+        )
+        prior = bias_init_with_prob(0.01)
         for cls in [*self.cls_branches, *([self.enc_cls] if two_stage else [])]:
             nn.init.constant_(cls.bias, prior)
 
     def positional_query(self, ref: Tensor) -> Tensor:
         """Two-stage positional query of reference points (B, nq, 2) -> (B, nq, C)."""
-        c = self.pos_mlp[0].in_features
+        c = self.pos_mlp.layers[0].in_features
         return self.pos_mlp(coordinate_to_encoding(ref, num_feats=c // 2))
 
     def proposals(self, bev: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -232,75 +184,85 @@ class BEVDetrHead(BaseModule):
         """
         query, pos, ref, enc = self.initial_queries(bev)
         all_cls, all_codes = enc[:1], enc[1:]
+        shapes = torch.tensor([self.bev_hw], dtype=torch.long, device=bev.device)
         for i, (layer, cls_b, reg_b) in enumerate(
-            zip(self.layers, self.cls_branches, self.reg_branches)
+            zip(self.decoder, self.cls_branches, self.reg_branches)
         ):
             if self.two_stage and i > 0:
                 pos = self.positional_query(ref)
-            query = layer(query, pos, bev, ref, self.bev_hw)
+            query = layer(
+                query,
+                value=bev,
+                query_pos=pos,
+                reference_points=ref[:, :, None],
+                spatial_shapes=shapes,
+                level_start_index=shapes.new_zeros(1),
+            )
             codes = refine_codes(ref, reg_b(query))
             all_cls.append(cls_b(query))
             all_codes.append(codes)
             ref = codes[..., :2].detach()
         return all_cls, all_codes
 
-    @torch.no_grad()
-    def match(self, logits: Tensor, codes: Tensor, labels: Tensor, targets: Tensor) -> Tuple:
-        """Hungarian matching of one sample: logits (nq, K), codes (nq, 10), targets (N, 10).
+    def get_targets_single(
+        self, logits: Tensor, codes: Tensor, gt: InstanceData
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """Assign one sample's queries: logits (nq, K), codes (nq, 10), ``gt`` with
+        bboxes_3d (N, 9) and labels_3d (N,).
 
-        Returns (query indices, target indices) as long tensors.
+        Returns labels (nq,) long (``num_classes`` = background), code targets (nq, 10)
+        and their weights (nq, 10): 1 on matched queries, 0 elsewhere.
         """
-        if labels.numel() == 0:
-            empty = labels.new_zeros(0, dtype=torch.long)
-            return empty, empty
-        prob = logits.sigmoid()[:, labels]
-        alpha, gamma = 0.25, 2.0
-        neg = (1 - alpha) * prob.pow(gamma) * -(1 - prob + 1e-8).log()
-        pos = alpha * (1 - prob).pow(gamma) * -(prob + 1e-8).log()
-        cost = self.cls_cost_weight * (pos - neg)
-        w = self.match_code_weights
-        cost = cost + self.reg_cost_weight * torch.cdist(codes[:, :8] * w, targets[:, :8] * w, p=1)
-        rows, cols = linear_sum_assignment(cost.float().cpu().numpy())
-        dev = logits.device
-        return torch.as_tensor(rows, device=dev), torch.as_tensor(cols, device=dev)
+        gt_labels = gt.labels_3d.to(logits.device).long()
+        targets = self.coder.encode(gt.bboxes_3d.to(codes))
+        assigned = self.assigner.assign(
+            InstanceData(scores=logits.detach(), bboxes=codes.detach()),
+            InstanceData(labels=gt_labels, bboxes=targets),
+        )
+        pos = (assigned.gt_inds > 0).nonzero(as_tuple=True)[0]
+        matched = assigned.gt_inds[pos] - 1
+        labels = gt_labels.new_full((logits.shape[0],), self.num_classes)
+        labels[pos] = gt_labels[matched]
+        code_targets = codes.new_zeros(codes.shape)
+        code_targets[pos] = targets[matched]
+        code_weights = codes.new_zeros(codes.shape)
+        code_weights[pos] = 1.0
+        return labels, code_targets, code_weights
 
-    def loss_single(
+    def loss_by_feat_single(
         self, logits: Tensor, codes: Tensor, gt: List[InstanceData]
     ) -> Tuple[Tensor, Tensor]:
         """One decoder layer: logits (B, nq, K), codes (B, nq, 10) -> (loss_cls, loss_bbox)."""
-        cls_target = torch.zeros_like(logits)
-        pred_sel, tgt_sel = [], []
-        for i, inst in enumerate(gt):
-            labels = inst.labels_3d.to(logits.device).long()
-            targets = self.coder.encode(inst.bboxes_3d.to(codes))
-            rows, cols = self.match(logits[i], codes[i], labels, targets)
-            cls_target[i, rows, labels[cols]] = 1.0
-            pred_sel.append(codes[i, rows])
-            tgt_sel.append(targets[cols])
-        num_pos = max(float(sum(len(t) for t in tgt_sel)), 1.0)
-        loss_cls = sigmoid_focal_loss(logits, cls_target).sum() / num_pos
-        pred, tgt = torch.cat(pred_sel), torch.cat(tgt_sel)
-        l1 = ((pred - tgt).abs() * self.code_weights).nan_to_num()
-        loss_bbox = l1.sum() / num_pos
-        return loss_cls * self.loss_cls_weight, loss_bbox * self.loss_bbox_weight
+        per_sample = [self.get_targets_single(*args) for args in zip(logits, codes, gt)]
+        labels, targets, weights = (torch.cat(parts) for parts in zip(*per_sample))
+        num_pos = logits.new_tensor([float((labels < self.num_classes).sum())])
+        num_pos = reduce_mean(num_pos).clamp(min=1.0).item()
+        loss_cls = self.loss_cls(logits.flatten(0, 1), labels, avg_factor=num_pos)
+        # unknown entries (e.g. a velocity nuScenes leaves NaN) carry no loss
+        weights = weights * self.code_weights * targets.isfinite()
+        loss_bbox = self.loss_bbox(
+            codes.flatten(0, 1), targets.nan_to_num(), weights, avg_factor=num_pos
+        )
+        return loss_cls, loss_bbox
 
     def loss(self, bev: Tensor, gt: List[InstanceData]) -> Dict[str, Tensor]:
         """Losses of every decoder layer; ``gt``: InstanceData with bboxes_3d (N, 9), labels_3d."""
         all_cls, all_codes = self(bev)
         losses: Dict[str, Tensor] = {}
-        prefixes = ["enc."] * self.two_stage + [f"d{i}." for i in range(len(self.layers) - 1)]
+        prefixes = ["enc."] * self.two_stage + [f"d{i}." for i in range(len(self.decoder) - 1)]
         for prefix, logits, codes in zip(prefixes + [""], all_cls, all_codes):
-            losses[f"{prefix}loss_cls"], losses[f"{prefix}loss_bbox"] = self.loss_single(
+            losses[f"{prefix}loss_cls"], losses[f"{prefix}loss_bbox"] = self.loss_by_feat_single(
                 logits, codes, gt
             )
         return losses
 
     def predict(self, bev: Tensor) -> List[InstanceData]:
-        """Top-k (query, class) pairs by sigmoid score of the last layer, per sample."""
+        """Top ``test_cfg['max_per_img']`` (query, class) pairs of the last layer by sigmoid
+        score, per sample."""
         all_cls, all_codes = self(bev)
         logits, codes = all_cls[-1], all_codes[-1]
         results = []
-        k = min(self.max_per_img, logits.shape[1] * logits.shape[2])
+        k = min(self.test_cfg["max_per_img"], logits.shape[1] * logits.shape[2])
         for i in range(logits.shape[0]):
             scores, idx = logits[i].sigmoid().flatten().topk(k)
             labels = idx % self.num_classes

@@ -9,10 +9,7 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from npudet.ops import multi_scale_deformable_attn
-
-from ..layers import check_impl_name
-from .attention_init import init_deformable_attention, ring_offsets
+from ..layers import DeformableAttention, check_impl_name
 
 
 def bev_pillar_points(
@@ -77,7 +74,7 @@ def rebatch_indices(visible: Tensor) -> Tuple[Tensor, Tensor]:
 
 
 @MODELS.register_module()
-class SpatialCrossAttention(BaseModule):
+class SpatialCrossAttention(DeformableAttention, BaseModule):
     """BEVFormer's spatial cross-attention on ``npudet.ops`` MSDA.
 
     Each BEV cell's pillar (``num_z`` heights) is projected into every camera; the
@@ -105,24 +102,16 @@ class SpatialCrossAttention(BaseModule):
         self.num_levels, self.num_points, self.num_z = num_levels, num_points, num_z
         self.pc_range = tuple(float(x) for x in pc_range)
         self.impl = check_impl_name(impl, "impl")
-        lp = num_heads * num_levels * num_points
-        self.sampling_offsets = nn.Linear(embed_dims, lp * 2)
-        self.attention_weights = nn.Linear(embed_dims, lp)
+        self.build_sampling(embed_dims)
         self.value_proj = nn.Linear(embed_dims, embed_dims)
         self.output_proj = nn.Linear(embed_dims, embed_dims)
         self.dropout = nn.Dropout(dropout)
         self.init_weights()
 
-    def init_weights(self) -> None:
-        """Offsets start as a ring of directions per head (like mmcv), weights uniform."""
+    def point_scales(self) -> Tensor:
+        """Each Z anchor's points start 1, 2, .. cells from its projection."""
         per_z = self.num_points // self.num_z
-        scales = torch.arange(per_z, dtype=torch.float32).repeat(self.num_z) + 1
-        init_deformable_attention(
-            self.sampling_offsets,
-            self.attention_weights,
-            (self.value_proj, self.output_proj),
-            ring_offsets(self.num_heads, self.num_levels, scales),
-        )
+        return torch.arange(per_z, dtype=torch.float32).repeat(self.num_z) + 1
 
     def attend(
         self,
@@ -135,29 +124,19 @@ class SpatialCrossAttention(BaseModule):
     ) -> Tensor:
         """MSDA of packed queries (M, L, C) at refs (M, L, Z, 2) with Z-anchor mask (M, L, Z).
 
-        ``value``: (M, keys, heads, C / heads), already projected. Returns (M, L, C).
+        ``value``: (M, keys, heads, C / heads), already projected. Point ``p`` belongs
+        to Z anchor ``p // (num_points / num_z)``. Returns (M, L, C).
         """
-        m, length, _ = query.shape
-        h, lv, p, z = self.num_heads, self.num_levels, self.num_points, self.num_z
-        offsets = self.sampling_offsets(query).view(m, length, h, lv, z, p // z, 2)
-        normalizer = torch.stack([spatial_shapes[:, 1], spatial_shapes[:, 0]], -1).to(query)
-        locations = ref[:, :, None, None, :, None, :] + offsets / normalizer[:, None, None, :]
-        weights = self.attention_weights(query).view(m, length, h, lv * p).softmax(-1)
-        weights = weights.view(m, length, h, lv, z, p // z) * zmask[:, :, None, None, :, None]
-        out = multi_scale_deformable_attn(
-            value,
-            spatial_shapes,
-            level_start_index,
-            locations.reshape(m, length, h, lv, p, 2),
-            weights.reshape(m, length, h, lv, p).contiguous(),
-            impl=self.impl,
+        per_z = self.num_points // self.num_z
+        ref = ref.repeat_interleave(per_z, 2)[:, :, None]  # (M, L, 1 level, P, 2)
+        mask = zmask.repeat_interleave(per_z, 2)[:, :, None, None]  # (M, L, 1, 1, P)
+        return self.deformable_attend(
+            query, value, ref, spatial_shapes, level_start_index, weight_mask=mask
         )
-        return out
 
-    def project_value(self, feats: Tensor) -> Tensor:
+    def project_cameras(self, feats: Tensor) -> Tensor:
         """Camera features (B, N, keys, C) -> MSDA value (B * N, keys, heads, C / heads)."""
-        b, n, keys, c = feats.shape
-        return self.value_proj(feats).view(b * n, keys, self.num_heads, c // self.num_heads)
+        return self.project_value(feats.flatten(0, 1))
 
     def forward(
         self,
@@ -190,7 +169,7 @@ class SpatialCrossAttention(BaseModule):
         ref_sel = uv[batch_of, cam_of, index]
         zmask = (mask[batch_of, cam_of, index] & valid[..., None]).to(query.dtype)
         out = self.attend(
-            q_sel, ref_sel, zmask, self.project_value(feats), spatial_shapes, level_start_index
+            q_sel, ref_sel, zmask, self.project_cameras(feats), spatial_shapes, level_start_index
         )
         out = out * valid[..., None].to(out.dtype)
         slots = query.new_zeros(b, q, c)

@@ -9,10 +9,7 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from npudet.ops import multi_scale_deformable_attn
-
-from ..layers import check_impl_name
-from .attention_init import init_deformable_attention, ring_offsets
+from ..layers import DeformableAttention, check_impl_name
 
 
 def bev_reference_points(bev_h: int, bev_w: int, device: torch.device) -> Tensor:
@@ -41,13 +38,14 @@ def prev_reference_points(
 
 
 @MODELS.register_module()
-class TemporalSelfAttention(BaseModule):
+class TemporalSelfAttention(DeformableAttention, BaseModule):
     """BEVFormer's temporal self-attention on ``npudet.ops`` MSDA (1 level).
 
     Value = [prev BEV, current queries] stacked along the batch; offsets and weights
-    come from the current query concatenated with the previous BEV; the previous
-    entry samples at the ego-motion-aligned reference points, the current at the
-    cells; the two outputs are averaged, projected, dropped out and added back.
+    come from the current query concatenated with the previous BEV, one softmax group
+    per queue entry; the previous entry samples at the ego-motion-aligned reference
+    points, the current at the cells; the two outputs are averaged, projected, dropped
+    out and added back.
     """
 
     def __init__(
@@ -61,25 +59,14 @@ class TemporalSelfAttention(BaseModule):
     ) -> None:
         super().__init__(init_cfg)
         self.embed_dims, self.num_heads, self.num_points = embed_dims, num_heads, num_points
-        self.num_queue = 2
+        self.num_levels = 1
+        self.num_groups = 2  # queue entries: previous BEV, current queries
         self.impl = check_impl_name(impl, "impl")
-        lp = self.num_queue * num_heads * num_points
-        self.sampling_offsets = nn.Linear(embed_dims * 2, lp * 2)
-        self.attention_weights = nn.Linear(embed_dims * 2, lp)
+        self.build_sampling(embed_dims * 2)
         self.value_proj = nn.Linear(embed_dims, embed_dims)
         self.output_proj = nn.Linear(embed_dims, embed_dims)
         self.dropout = nn.Dropout(dropout)
         self.init_weights()
-
-    def init_weights(self) -> None:
-        """Ring of offset directions per head, uniform weights, xavier projections."""
-        scales = torch.arange(1, self.num_points + 1, dtype=torch.float32)
-        init_deformable_attention(
-            self.sampling_offsets,
-            self.attention_weights,
-            (self.value_proj, self.output_proj),
-            ring_offsets(self.num_heads, self.num_queue, scales),
-        )
 
     def forward(
         self,
@@ -100,25 +87,11 @@ class TemporalSelfAttention(BaseModule):
             prev_bev = query
         if query_pos is not None:
             query = query + query_pos
-        h, p, t = self.num_heads, self.num_points, self.num_queue
-        value = self.value_proj(torch.stack([prev_bev, query], 1).flatten(0, 1))
-        value = value.view(b * t, q, h, c // h)
-        both = torch.cat([prev_bev, query], -1)
-        offsets = self.sampling_offsets(both).view(b, q, h, t, p, 2)
-        weights = self.attention_weights(both).view(b, q, h, t, p).softmax(-1)
-        refs = torch.stack([ref_prev, ref.expand(b, q, 2)], 1)  # (B, T, Q, 2)
+        value = self.project_value(torch.stack([prev_bev, query], 1).flatten(0, 1))
+        refs = torch.stack([ref_prev, ref.expand(b, q, 2)], 1).flatten(0, 1)  # (B*T, Q, 2)
         shapes = torch.tensor([bev_hw], dtype=torch.long, device=query.device)
-        normalizer = query.new_tensor([bev_hw[1], bev_hw[0]])
-        offsets = offsets.permute(0, 3, 1, 2, 4, 5).flatten(0, 1)  # (B*T, Q, h, p, 2)
-        locations = refs.flatten(0, 1)[:, :, None, None, :] + offsets / normalizer
-        weights = weights.permute(0, 3, 1, 2, 4).flatten(0, 1)
-        out = multi_scale_deformable_attn(
-            value,
-            shapes,
-            shapes.new_zeros(1),
-            locations[:, :, :, None],
-            weights[:, :, :, None].contiguous(),
-            impl=self.impl,
+        out = self.deformable_attend(
+            torch.cat([prev_bev, query], -1), value, refs[:, :, None], shapes, shapes.new_zeros(1)
         )
-        out = out.view(b, t, q, c).mean(1)
+        out = out.view(b, self.num_groups, q, c).mean(1)
         return self.dropout(self.output_proj(out)) + identity

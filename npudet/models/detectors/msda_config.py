@@ -6,7 +6,7 @@ from typing import Dict, Mapping, Optional
 
 from torch import nn
 
-from ..layers import check_impl_name, convert_msda
+from ..layers import check_impl_name, deformable_layers
 
 PARTS = ("encoder", "decoder")
 
@@ -28,9 +28,22 @@ def resolve_msda_cfg(msda: Optional[Mapping], key: str = "model.msda") -> Dict[s
     }
 
 
+def layer_part(name: str) -> Optional[str]:
+    """The part a layer belongs to: the first component of its qualified module name that
+    is a part name (``encoder.layers.0.self_attn`` -> ``encoder``), or None."""
+    return next((comp for comp in name.split(".") if comp in PARTS), None)
+
+
 def apply_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, str]:
-    """Convert the MSDA modules of ``detector.encoder`` / ``.decoder`` per ``msda``."""
+    """Set the implementation of every deformable-attention layer of ``detector`` per ``msda``.
+
+    A layer under a module named ``encoder`` / ``decoder`` takes that part's
+    implementation, any other layer ``impl``; mmcv's own MSDA layers are converted to
+    npudet's in place. Returns the per-part implementations.
+    """
     impls = resolve_msda_cfg(msda)
-    for part, impl in impls.items():
-        convert_msda(getattr(detector, part), impl)
+    default = check_impl_name(dict(msda or {}).get("impl", "auto"), "model.msda.impl")
+    for name, layer in deformable_layers(detector):
+        part = layer_part(name)
+        layer.impl = default if part is None else impls[part]
     return impls

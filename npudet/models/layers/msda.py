@@ -7,13 +7,12 @@ from typing import Any, Optional
 import torch
 from mmcv.ops import MultiScaleDeformableAttention as MMCVMultiScaleDeformableAttention
 
-from npudet.ops import multi_scale_deformable_attn
-
+from .deformable_attention import DeformableAttention
 from .impl_names import check_impl_name
 
 
-class MultiScaleDeformableAttention(MMCVMultiScaleDeformableAttention):
-    """mmcv's MSDA module with the sampling done by ``npudet.ops``.
+class MultiScaleDeformableAttention(DeformableAttention, MMCVMultiScaleDeformableAttention):
+    """mmcv's MSDA module with the sampling done by :class:`DeformableAttention`.
 
     Same constructor, parameters, ``init_weights`` and ``forward`` as mmcv 2.1's class
     (it is a subclass, so mmdet's ``isinstance`` checks and released checkpoints keep
@@ -64,54 +63,19 @@ class MultiScaleDeformableAttention(MMCVMultiScaleDeformableAttention):
         if level_start_index is None:
             areas = spatial_shapes[:, 0] * spatial_shapes[:, 1]
             level_start_index = torch.cat((areas.new_zeros(1), areas.cumsum(0)[:-1]))
-        bs, num_query, _ = query.shape
-        _, num_value, _ = value.shape
-
-        value = self.value_proj(value)
-        if key_padding_mask is not None:
-            value = value.masked_fill(key_padding_mask[..., None], 0.0)
-        value = value.view(bs, num_value, self.num_heads, -1)
-        heads, levels, points = self.num_heads, self.num_levels, self.num_points
-        offsets = self.sampling_offsets(query).view(bs, num_query, heads, levels, points, 2)
-        weights = self.attention_weights(query).view(bs, num_query, heads, levels * points)
-        weights = weights.softmax(-1).view(bs, num_query, heads, levels, points)
-        if reference_points.shape[-1] == 2:
-            normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
-            locations = (
-                reference_points[:, :, None, :, None, :]
-                + offsets / normalizer[None, None, None, :, None, :]
-            )
-        elif reference_points.shape[-1] == 4:
-            locations = (
-                reference_points[:, :, None, :, None, :2]
-                + offsets / points * reference_points[:, :, None, :, None, 2:] * 0.5
-            )
-        else:
+        if reference_points.dim() != 4:
             raise ValueError(
-                f"reference_points: last dim must be 2 or 4, got {reference_points.shape[-1]}"
+                f"reference_points: expected (bs, nq, levels, 2 or 4), "
+                f"got shape {tuple(reference_points.shape)}"
             )
-        output = multi_scale_deformable_attn(
-            value, spatial_shapes, level_start_index, locations, weights, impl=self.impl
+        output = self.deformable_attend(
+            query,
+            self.project_value(value, key_padding_mask),
+            reference_points,
+            spatial_shapes,
+            level_start_index,
         )
         output = self.output_proj(output)
         if not self.batch_first:
             output = output.permute(1, 0, 2)
         return self.dropout(output) + identity
-
-
-def convert_msda(module: torch.nn.Module, impl: str) -> int:
-    """Make every mmcv MSDA inside ``module`` an npudet one using ``impl``, in place.
-
-    Parameters, buffers, hooks and the random-number stream are untouched (only the
-    class changes), so a model built by stock mmdet code and then converted is
-    bit-identical to it before the first forward. Returns how many were converted.
-    """
-    impl = check_impl_name(impl, "impl")
-    count = 0
-    for sub in module.modules():
-        if isinstance(sub, MMCVMultiScaleDeformableAttention):
-            if not isinstance(sub, MultiScaleDeformableAttention):
-                sub.__class__ = MultiScaleDeformableAttention
-            sub.impl = impl
-            count += 1
-    return count

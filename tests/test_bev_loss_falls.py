@@ -1,0 +1,39 @@
+"""A short training run of the small BEV config lowers its loss (mmdet's losses and matcher)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from plugin_util import ROOT
+
+CONFIG = os.path.join(ROOT, "configs", "bev", "bev-small_r18_synthetic.py")
+
+
+def test_small_bev_config_loss_falls_in_20_iterations(tmp_path) -> None:
+    from npudet.ablation.worker import run
+    from npudet.datasets.synthetic_bev import make_bev_dataset
+    from npudet.ops import msda_impls
+
+    data_root = f"{tmp_path}/bev/"
+    make_bev_dataset(data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4)
+    threads = torch.get_num_threads()
+    try:
+        record = run(
+            {
+                "config": CONFIG,
+                "cfg_options": {"train_dataloader.dataset.data_root": data_root},
+                "msda": {"impl": "cpu" if "cpu" in msda_impls() else "grid_sample"},
+                "iters": 20,
+                "work_dir": str(tmp_path / "work"),
+                "threads": 1,  # one thread: on shared cores two threads ran 10x slower
+            }
+        )
+    finally:
+        torch.set_num_threads(threads)  # the worker sets it for the whole process
+    losses = record["loss"]
+    assert len(losses) == 20
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    # measured on the built-in set: the 5-iteration mean falls from about 11.4 to 9.3
+    # (40 iterations reach about 6.2)
+    assert last < 0.9 * first, losses
