@@ -68,9 +68,19 @@ def test_info_contents(bev_root: str) -> None:
     samples = info["data_list"]
     assert len(samples) == 2 * FRAMES
     assert sum(len(s["gt_labels"]) for s in samples) > 0
+    attrs = set()
     for s in samples:
         boxes = np.asarray(s["gt_boxes"]).reshape(-1, 9)
         assert (np.hypot(boxes[:, 0], boxes[:, 1]) <= 30.0).all()
+        np.testing.assert_allclose(s["ego_pose_translation"], np.asarray(s["ego2global"])[:3, 3])
+        # attributes from class and speed: vehicles moving / parked, pedestrians moving / standing
+        for b, label, attr in zip(boxes, s["gt_labels"], s["gt_attrs"], strict=True):
+            moving = math.hypot(b[7], b[8]) > 0.2
+            if CLASSES[label] == "pedestrian":
+                assert attr == ("pedestrian.moving" if moving else "pedestrian.standing")
+            else:
+                assert attr == ("vehicle.moving" if moving else "vehicle.parked")
+            attrs.add(attr)
         np.testing.assert_allclose(boxes[:, 2], boxes[:, 5] / 2, atol=1e-5)  # on the ground
         assert s["prev"] == (s["sample_idx"] - 1 if s["frame"] > 0 else -1)
         for name in CAMERA_NAMES:
@@ -78,6 +88,7 @@ def test_info_contents(bev_root: str) -> None:
             rot = np.asarray(s["cams"][name]["cam2ego"])[:3, :3]
             np.testing.assert_allclose(rot @ rot.T, np.eye(3), atol=1e-5)
             assert abs(np.linalg.det(rot) - 1) < 1e-5
+    assert {"vehicle.moving", "vehicle.parked", "pedestrian.moving"} <= attrs
 
 
 def test_camera_orientation() -> None:
@@ -214,6 +225,11 @@ def test_dataset_pipeline(bev_root: str) -> None:
         assert tuple(gt.labels_3d.shape) == (n,) and str(gt.labels_3d.dtype) == "torch.int64"
         assert sample.eval_ann_info["gt_boxes"].shape == (n, 9)
         assert sample.eval_ann_info["token"] == info[i]["token"]
+        assert sample.eval_ann_info["gt_attrs"] == info[i]["gt_attrs"]
+        np.testing.assert_allclose(sample.eval_ann_info["ego2global"], info[i]["ego2global"])
+        np.testing.assert_allclose(
+            sample.eval_ann_info["ego_pose_translation"], info[i]["ego_pose_translation"]
+        )
     # frame 1 of scene 0: oldest queue entry repeats frame 0
     m = ds[1]["data_samples"].metainfo
     np.testing.assert_array_equal(m["ego2global"][0], m["ego2global"][1])
@@ -277,10 +293,34 @@ def test_bad_info_fields(bev_root: str, tmp_path) -> None:
     with pytest.raises(ValueError, match=r"sample_idx 4.*missing camera 'CAM_BACK'"):
         load_bev_info(_write(dst, bad))
     bad = json.loads(json.dumps(data))
-    bad["metainfo"]["version"] = "npudet-bev-v0"
+    bad["metainfo"]["version"] = "npudet-bev-v1"
     path = _write(dst, bad)
-    with pytest.raises(ValueError, match=r"has version npudet-bev-v0, expected npudet-bev-v1"):
+    with pytest.raises(ValueError, match=r"has version npudet-bev-v1, expected npudet-bev-v2.*"):
         load_bev_info(path)
+    with_boxes = next(i for i, s in enumerate(data["data_list"]) if s["gt_boxes"])
+    bad = json.loads(json.dumps(data))
+    bad["data_list"][with_boxes]["gt_attrs"] = ["vehicle.flying"] * len(
+        bad["data_list"][with_boxes]["gt_boxes"]
+    )
+    with pytest.raises(ValueError, match=rf"sample_idx {with_boxes}.*gt_attrs.*vehicle\.flying"):
+        load_bev_info(_write(dst, bad))
+    bad["data_list"][with_boxes]["gt_attrs"] = []
+    with pytest.raises(ValueError, match=rf"sample_idx {with_boxes}.*'gt_attrs' must be a list"):
+        load_bev_info(_write(dst, bad))
+    bad = json.loads(json.dumps(data))
+    del bad["data_list"][2]["ego_pose_translation"]
+    with pytest.raises(ValueError, match=r"sample_idx 2: missing field 'ego_pose_translation'"):
+        load_bev_info(_write(dst, bad))
+    bad["data_list"][2]["ego_pose_translation"] = [1.0, 2.0]
+    with pytest.raises(ValueError, match=r"sample_idx 2.*ego_pose_translation.*finite 3-vector"):
+        load_bev_info(_write(dst, bad))
+    # an unknown velocity (NaN, as nuScenes' box_velocity) is allowed; an infinite one is not
+    bad = json.loads(json.dumps(data))
+    bad["data_list"][with_boxes]["gt_boxes"][0][7] = math.nan
+    load_bev_info(_write(dst, bad))
+    bad["data_list"][with_boxes]["gt_boxes"][0][7] = math.inf
+    with pytest.raises(ValueError, match=rf"sample_idx {with_boxes}.*gt_boxes.*finite"):
+        load_bev_info(_write(dst, bad))
 
 
 def test_unserialized_dataset_matches(bev_root: str) -> None:

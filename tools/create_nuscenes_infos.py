@@ -1,4 +1,4 @@
-"""Convert a nuScenes dataroot into npudet-bev-v1 info files (infos_{train,val}.json).
+"""Convert a nuScenes dataroot into npudet-bev-v2 info files (infos_{train,val}.json).
 
     .venv/bin/python tools/create_nuscenes_infos.py --dataroot data/nuscenes --version v1.0-mini
 

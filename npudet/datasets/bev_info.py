@@ -1,4 +1,10 @@
-"""BEV info files (``npudet-bev-v1``): loading, validation and camera projection helpers.
+"""BEV info files (``npudet-bev-v2``): loading, validation and camera projection helpers.
+
+Per sample: ``gt_boxes`` (N, 9) ``(x, y, z, w, l, h, yaw, vx, vy)`` in the sample's ego frame
+(a NaN velocity means unknown, as nuScenes' ``box_velocity``), ``gt_labels`` (N,), ``gt_attrs``
+(N,) nuScenes attribute names ('' for none), ``ego2global`` (4, 4) and ``ego_pose_translation``
+(3,), the global position the nuScenes evaluation measures class ranges from (the LIDAR_TOP
+ego pose; the ego frame's origin for synthetic data). v2 added the last two and ``gt_attrs``.
 
 Pure python/numpy so the generators and converters can use it without mmdet.
 """
@@ -10,7 +16,9 @@ from typing import Any, Dict, Mapping
 
 import numpy as np
 
-VERSION = "npudet-bev-v1"
+from .nuscenes_attributes import ATTRIBUTE_NAMES
+
+VERSION = "npudet-bev-v2"
 
 _SAMPLE_FIELDS = (
     "sample_idx",
@@ -21,8 +29,10 @@ _SAMPLE_FIELDS = (
     "prev",
     "ego2global",
     "cams",
+    "ego_pose_translation",
     "gt_boxes",
     "gt_labels",
+    "gt_attrs",
 )
 _CAM_FIELDS = ("img_path", "cam2ego", "intrinsic", "width", "height")
 
@@ -40,9 +50,8 @@ def _check_matrix(value: Any, shape: tuple, where: str) -> None:
     except (ValueError, TypeError):
         arr = None
     if arr is None or arr.shape != shape or not np.all(np.isfinite(arr)):
-        raise ValueError(
-            f"{where} must be a finite {shape[0]}x{shape[1]} matrix, got shape {_shape_of(value)}"
-        )
+        kind = "x".join(str(d) for d in shape) + (" matrix" if len(shape) == 2 else "-vector")
+        raise ValueError(f"{where} must be a finite {kind}, got shape {_shape_of(value)}")
 
 
 def _validate_sample(sample: Mapping[str, Any], pos: int, cameras: list, num_classes: int) -> None:
@@ -72,8 +81,16 @@ def _validate_sample(sample: Mapping[str, Any], pos: int, cameras: list, num_cla
         raise ValueError(
             f"sample_idx {idx}: field 'gt_boxes' must be Nx9, got shape {_shape_of(boxes)}"
         )
+    arr = arr.reshape(-1, 9)
+    if not (np.all(np.isfinite(arr[:, :7])) and not np.any(np.isinf(arr[:, 7:]))):
+        raise ValueError(
+            f"sample_idx {idx}: field 'gt_boxes' must be finite (velocity: finite or NaN)"
+        )
+    _check_matrix(
+        sample["ego_pose_translation"], (3,), f"sample_idx {idx}: field 'ego_pose_translation'"
+    )
     labels = np.asarray(sample["gt_labels"])
-    n = 0 if arr.size == 0 else arr.shape[0]
+    n = arr.shape[0]
     if labels.ndim != 1 or labels.shape[0] != n:
         raise ValueError(
             f"sample_idx {idx}: field 'gt_labels' must have {n} entries (one per box), "
@@ -82,6 +99,15 @@ def _validate_sample(sample: Mapping[str, Any], pos: int, cameras: list, num_cla
     if n and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(
             f"sample_idx {idx}: field 'gt_labels' has values outside [0, {num_classes})"
+        )
+    attrs = sample["gt_attrs"]
+    if not isinstance(attrs, list) or len(attrs) != n:
+        raise ValueError(f"sample_idx {idx}: field 'gt_attrs' must be a list of {n} names")
+    unknown = sorted({a for a in attrs if a != "" and a not in ATTRIBUTE_NAMES}, key=str)
+    if unknown:
+        raise ValueError(
+            f"sample_idx {idx}: field 'gt_attrs' has {unknown}, not nuScenes attribute names "
+            f"{ATTRIBUTE_NAMES} or ''"
         )
 
 
@@ -97,7 +123,10 @@ def load_bev_info(path: str) -> Dict[str, Any]:
     meta = data["metainfo"]
     version = meta.get("version")
     if version != VERSION:
-        raise ValueError(f"info file {path} has version {version}, expected {VERSION}")
+        raise ValueError(
+            f"info file {path} has version {version}, expected {VERSION}: write it again "
+            "(tools/make_bev_dataset.py or tools/create_nuscenes_infos.py)"
+        )
     for field in ("classes", "cameras"):
         if not isinstance(meta.get(field), list) or not meta[field]:
             raise ValueError(f"info file {path}: metainfo field '{field}' must be a non-empty list")

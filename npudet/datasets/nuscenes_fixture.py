@@ -7,8 +7,10 @@ a map mask PNG. Scenes: ``scene-0061`` (devkit ``mini_train``), ``scene-0103`` a
 poses on the ground plane); every camera fires at its own small time offset after the LIDAR, so
 each sample_data has its own ego pose. LIDAR_TOP is mounted like nuScenes' (rotated -90 deg about
 z); the cameras use :func:`npudet.datasets.synthetic_bev.camera_rigs`. Objects move at constant
-velocity, appear in every sample of their scene (so ``box_velocity`` is exact) and stay within
-25 m of the ego; one object per scene has a category outside the 10 detection classes.
+velocity and stay within 25 m of the ego; all but one appear in every sample of their scene (so
+``box_velocity`` is exact), that one only in the last (its velocity is unknown: NaN). One object
+per scene has a category outside the 10 detection classes; attributes cover vehicles, cycles and
+pedestrians, and one car annotation lacks its attribute (as about 0.4% of nuScenes' do).
 
 Besides the database, ``fixture_truth.json`` records for every annotation the camera pixel of its
 box centre, computed from the raw records (``K @ inv(cam calib) @ inv(cam ego pose) @ p``),
@@ -37,18 +39,23 @@ CAM_OFFSET_US = 8_000  # camera k fires (k + 1) * 8 ms after the LIDAR sweep
 WIDTH, HEIGHT = 160, 90
 LIDAR_TRANSLATION = (0.94, 0.0, 1.84)
 LIDAR_YAW = -math.pi / 2
-# (nuScenes category, attribute or '', (w, l, h), speed range m/s)
+# (nuScenes category, attribute or '', (w, l, h), speed range m/s, first sample it appears in)
 OBJECTS = (
-    ("vehicle.car", "vehicle.moving", (1.9, 4.6, 1.7), (3.0, 8.0)),
-    ("vehicle.car", "vehicle.parked", (1.8, 4.3, 1.6), (0.0, 0.0)),
-    ("vehicle.truck", "vehicle.moving", (2.5, 7.0, 3.0), (2.0, 5.0)),
-    ("human.pedestrian.adult", "pedestrian.moving", (0.7, 0.7, 1.75), (0.8, 1.5)),
-    ("movable_object.barrier", "", (2.0, 0.5, 1.0), (0.0, 0.0)),
-    ("movable_object.trafficcone", "", (0.4, 0.4, 0.8), (0.0, 0.0)),
-    ("animal", "", (0.5, 1.0, 0.6), (0.0, 1.0)),
+    ("vehicle.car", "vehicle.moving", (1.9, 4.6, 1.7), (3.0, 8.0), 0),
+    ("vehicle.car", "vehicle.parked", (1.8, 4.3, 1.6), (0.0, 0.0), 0),
+    ("vehicle.car", "", (1.8, 4.4, 1.5), (0.0, 0.0), 0),
+    ("vehicle.car", "vehicle.parked", (1.9, 4.5, 1.6), (0.0, 0.0), SAMPLES_PER_SCENE - 1),
+    ("vehicle.truck", "vehicle.moving", (2.5, 7.0, 3.0), (2.0, 5.0), 0),
+    ("vehicle.bus.rigid", "vehicle.stopped", (2.9, 10.5, 3.4), (0.0, 0.0), 0),
+    ("vehicle.bicycle", "cycle.with_rider", (0.6, 1.7, 1.3), (2.0, 4.0), 0),
+    ("human.pedestrian.adult", "pedestrian.moving", (0.7, 0.7, 1.75), (0.8, 1.5), 0),
+    ("human.pedestrian.adult", "pedestrian.standing", (0.7, 0.7, 1.7), (0.0, 0.0), 0),
+    ("movable_object.barrier", "", (2.0, 0.5, 1.0), (0.0, 0.0), 0),
+    ("movable_object.trafficcone", "", (0.4, 0.4, 0.8), (0.0, 0.0), 0),
+    ("animal", "", (0.5, 1.0, 0.6), (0.0, 1.0), 0),
 )
 CATEGORIES = sorted({o[0] for o in OBJECTS})
-ATTRIBUTES = ("vehicle.moving", "vehicle.parked", "vehicle.stopped", "pedestrian.moving")
+ATTRIBUTES = sorted({o[1] for o in OBJECTS if o[1]})
 
 
 def _token(*parts: Any) -> str:
@@ -177,7 +184,7 @@ def make_nuscenes_fixture(root: str, seed: int = 0) -> str:
 
         # objects: start 7-16 m from the ego at t0, constant velocity, no two closer than 3 m
         objects: List[Dict[str, Any]] = []
-        for o, (cat, attr, size, (v_min, v_max)) in enumerate(OBJECTS):
+        for o, (cat, attr, size, (v_min, v_max), first) in enumerate(OBJECTS):
             for _attempt in range(100):
                 r, a = rng.uniform(7.0, 16.0), rng.uniform(-math.pi, math.pi)
                 pos = np.array([x0 + r * math.cos(a), y0 + r * math.sin(a)])
@@ -198,10 +205,12 @@ def make_nuscenes_fixture(root: str, seed: int = 0) -> str:
                     pos=pos,
                     radius=0.5 * math.hypot(w, ln),
                     inst=inst,
+                    first=first,
                     anns=[],
                 )
             )
-            truth["velocities"][inst] = [float(vel[0]), float(vel[1])]
+            single = first == SAMPLES_PER_SCENE - 1  # one annotation: no velocity estimate
+            truth["velocities"][inst] = [math.nan] * 2 if single else [float(v) for v in vel]
 
         sample_tokens = [_token("sample", scene_name, i) for i in range(SAMPLES_PER_SCENE)]
         prev_sd = {ch: "" for ch in channels}
@@ -259,6 +268,8 @@ def make_nuscenes_fixture(root: str, seed: int = 0) -> str:
                 tables["sample_data"].append(rec)
 
             for o, obj in enumerate(objects):
+                if i < obj["first"]:
+                    continue
                 dt = i * SAMPLE_DT_US * 1e-6
                 xy = obj["pos"] + obj["vel"] * dt
                 ann_token = _token("ann", tok, o)

@@ -1,4 +1,4 @@
-"""Convert a nuScenes database into ``npudet-bev-v1`` info files (needs nuscenes-devkit).
+"""Convert a nuScenes database into ``npudet-bev-v2`` info files (needs nuscenes-devkit).
 
 Conventions (see :mod:`npudet.datasets.bev_info`):
 
@@ -8,7 +8,11 @@ Conventions (see :mod:`npudet.datasets.bev_info`):
   sample_data's own ego pose @ its calibration, so the time offset between the sensors is exact.
 * Boxes: ``(x, y, z, w, l, h, yaw, vx, vy)`` in the ego frame: the annotation's centre (the
   gravity centre), ``size`` (w, l, h), yaw of the box x axis about the ego z axis, velocity
-  from ``NuScenes.box_velocity`` (global) rotated into the ego frame (NaN -> 0).
+  from ``NuScenes.box_velocity`` (global) rotated into the ego frame; NaN where the devkit
+  cannot estimate it (kept: the evaluation leaves it out, the dataset trains on 0).
+* ``gt_attrs``: the annotation's attribute name ('' without one), as the devkit's ``load_gt``;
+  ``ego_pose_translation``: the LIDAR_TOP sample_data's ego pose translation, where the devkit
+  measures class ranges from.
 * Categories map to the 10 detection classes as the devkit's ``category_to_detection_name``;
   others are dropped, and so are annotations with fewer than ``min_points`` lidar + radar points
   (default 1: the devkit's evaluation drops those GT boxes too).
@@ -105,6 +109,14 @@ def _mat(m: np.ndarray) -> List[List[float]]:
     return [[float(v) for v in row] for row in np.asarray(m, np.float64)]
 
 
+def _attribute_name(nusc: Any, ann: Dict[str, Any]) -> str:
+    """The annotation's attribute name, '' without one (devkit ``load_gt``: at most one)."""
+    tokens = ann["attribute_tokens"]
+    if len(tokens) > 1:
+        raise ValueError(f"nuScenes annotation {ann['token']} has {len(tokens)} attributes")
+    return nusc.get("attribute", tokens[0])["name"] if tokens else ""
+
+
 def sample_info(
     nusc: Any,
     sample: Dict[str, Any],
@@ -118,8 +130,9 @@ def sample_info(
     min_points: int = 1,
     with_boxes: bool = True,
 ) -> Dict[str, Any]:
-    """One ``npudet-bev-v1`` data_list entry for a nuScenes sample record."""
-    lidar2global = sensor2global(nusc, sample["data"]["LIDAR_TOP"])
+    """One ``npudet-bev-v2`` data_list entry for a nuScenes sample record."""
+    lidar_sd = nusc.get("sample_data", sample["data"]["LIDAR_TOP"])
+    lidar2global = sensor2global(nusc, lidar_sd["token"])
     global2lidar = np.linalg.inv(lidar2global)
     cams = {}
     for cam in cameras:
@@ -138,6 +151,7 @@ def sample_info(
     rot = global2lidar[:3, :3]
     boxes: List[List[float]] = []
     labels: List[int] = []
+    attrs: List[str] = []
     for ann_token in sample["anns"] if with_boxes else []:
         ann = nusc.get("sample_annotation", ann_token)
         name = to_detection(ann["category_name"])
@@ -148,11 +162,11 @@ def sample_info(
         centre = global2lidar @ np.array([*ann["translation"], 1.0])
         box_rot = rot @ _quat_to_matrix(ann["rotation"])
         yaw = math.atan2(box_rot[1, 0], box_rot[0, 0])
-        vel = np.nan_to_num(np.asarray(nusc.box_velocity(ann_token), np.float64), nan=0.0)
-        vel = rot @ vel
+        vel = rot @ np.asarray(nusc.box_velocity(ann_token), np.float64)
         w, ln, h = (float(v) for v in ann["size"])
         boxes.append([*(float(v) for v in centre[:3]), w, ln, h, yaw, float(vel[0]), float(vel[1])])
         labels.append(list(classes).index(name))
+        attrs.append(_attribute_name(nusc, ann))
     return dict(
         sample_idx=sample_idx,
         token=sample["token"],
@@ -161,9 +175,13 @@ def sample_info(
         timestamp=sample["timestamp"] * 1e-6,
         prev=prev,
         ego2global=_mat(lidar2global),
+        ego_pose_translation=[
+            float(v) for v in nusc.get("ego_pose", lidar_sd["ego_pose_token"])["translation"]
+        ],
         cams=cams,
         gt_boxes=boxes,
         gt_labels=labels,
+        gt_attrs=attrs,
     )
 
 

@@ -3,10 +3,12 @@
 Six nuScenes-like cameras look out from an ego vehicle that drives forward with slight turns.
 Objects (car, truck, pedestrian) stand on the ground, some move; each camera image shows the
 boxes' visible faces (shaded, class-coloured, painter's order) over sky and a textured ground
-plane fixed in the global frame, so it moves with ego motion. Writes the ``npudet-bev-v1``
+plane fixed in the global frame, so it moves with ego motion. Writes the ``npudet-bev-v2``
 info files described in :mod:`npudet.datasets.bev_info`: boxes (x, y, z, w, l, h, yaw, vx, vy)
 in each frame's ego frame, velocity being the object's absolute velocity rotated into the ego
-frame (the nuScenes convention, not relative to the ego); boxes beyond 30 m are dropped.
+frame (the nuScenes convention, not relative to the ego); boxes beyond 30 m are dropped. Each
+box's nuScenes attribute follows from its class and true speed (``attribute_from_velocity``:
+vehicle.moving / vehicle.parked for cars and trucks, pedestrian.moving / pedestrian.standing).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from ..utils.json_io import write_json_atomic
 from .bev_info import VERSION
+from .nuscenes_attributes import attribute_from_velocity
 
 CLASSES: Tuple[str, ...] = ("car", "truck", "pedestrian")
 # (name, yaw in degrees CCW from ego +x, pitch down in degrees)
@@ -306,7 +309,7 @@ def write_split(
             ego2global = _pose_matrix(*ego[f])
             global2ego = np.linalg.inv(ego2global)
             ego_yaw = ego[f, 2]
-            boxes, labels, shades = [], [], []
+            boxes, labels, attrs, shades = [], [], [], []
             for o in objects:
                 gx, gy = o["track"][f]
                 p = global2ego @ np.array([gx, gy, 0.0, 1.0])
@@ -316,6 +319,7 @@ def write_split(
                 w, ln, h = o["size"]
                 boxes.append([p[0], p[1], h / 2.0, w, ln, h, _wrap(o["yaw"] - ego_yaw), v[0], v[1]])
                 labels.append(o["cls"])
+                attrs.append(attribute_from_velocity(CLASSES[o["cls"]], *o["vel"]))
                 shades.append(o["shade"])
             boxes_arr = np.array(boxes, np.float64).reshape(-1, 9)
             cams = {}
@@ -352,9 +356,11 @@ def write_split(
                     timestamp=round(s * 1000.0 + f * FRAME_DT, 6),
                     prev=idx - 1 if f > 0 else -1,
                     ego2global=_r(ego2global),
+                    ego_pose_translation=_r(ego2global[:3, 3]),
                     cams=cams,
                     gt_boxes=_r(boxes_arr),
                     gt_labels=[int(c) for c in labels],
+                    gt_attrs=attrs,
                 )
             )
     metainfo = dict(

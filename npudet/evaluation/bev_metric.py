@@ -1,4 +1,4 @@
-"""mmengine metric wrapping the nuScenes-style BEV centre-distance evaluation."""
+"""mmengine metric: nuScenes detection (mAP, five TP errors, NDS) on BEV predictions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from mmdet.registry import METRICS
 from mmengine.evaluator import BaseMetric
 from mmengine.logging import MMLogger
 
-from .center_distance import DEFAULT_DIST_THRESHOLDS, evaluate_center_distance
+from .center_distance import (
+    DEFAULT_DIST_THRESHOLDS,
+    TP_METRICS,
+    TP_SUMMARY_KEYS,
+    evaluate_center_distance,
+)
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -35,19 +40,42 @@ def _boxes(value: Any) -> np.ndarray:
     return arr.reshape(0, 9) if arr.size == 0 else arr.reshape(-1, arr.shape[-1])
 
 
+def _eval_frame(ann: Any) -> np.ndarray:
+    """(4, 4) box frame -> the devkit's frame (global axes centred at the ego pose); identity
+    when ``ann`` has no ``ego2global``. Without ``ego_pose_translation`` the box frame's origin
+    is the centre."""
+    ego2global = _get(ann, "ego2global")
+    if ego2global is None:
+        return np.eye(4)
+    frame = np.array(ego2global, dtype=np.float64).reshape(4, 4)
+    origin = _get(ann, "ego_pose_translation")
+    if origin is None:
+        frame[:3, 3] = 0.0
+    else:
+        frame[:3, 3] -= np.asarray(origin, np.float64).reshape(3)
+    return frame
+
+
 @METRICS.register_module()
 class BEVDetMetric(BaseMetric):
-    """nuScenes-style mAP / NDS by BEV centre distance (see ``evaluate_center_distance``).
+    """nuScenes detection metric: mAP by BEV centre distance, five TP errors, NDS.
+
+    Computes what nuscenes-devkit's ``DetectionEval`` does (see ``evaluate_center_distance``).
+    Predictions carry no attribute: each box gets the one its class and velocity give
+    (``attribute_from_velocity``, as mmdet3d formats a detector without attribute head).
 
     Args:
         classes: class names; None: ``dataset_meta['classes']``.
         dist_thresholds: AP matching thresholds in metres.
-        class_range: max BEV distance from the ego origin (m), a float for all classes or a dict
-            per class name; boxes at or beyond it are dropped from GT and predictions.
+        class_range: max BEV distance from the ego (m), a float for all classes or a dict per
+            class name (nuScenes: ``detection_cvpr_2019``'s ``class_range``); boxes at or beyond
+            it are dropped from GT and predictions.
         collect_device, prefix, collect_dir: as ``mmengine.evaluator.BaseMetric``.
 
     ``process`` reads ``data_sample['eval_ann_info']`` (``gt_boxes`` (N, 9), ``gt_labels`` (N,),
-    ``sample_idx``) and ``data_sample['pred_instances_3d']`` (``bboxes_3d`` (K, 9),
+    ``gt_attrs`` (N,) attribute names or '', ``sample_idx``; optional ``ego2global`` (4, 4) and
+    ``ego_pose_translation`` (3,): boxes are then compared in global axes centred at the ego
+    pose, as the devkit) and ``data_sample['pred_instances_3d']`` (``bboxes_3d`` (K, 9),
     ``scores_3d`` (K,), ``labels_3d`` (K,)).
     """
 
@@ -76,12 +104,20 @@ class BEVDetMetric(BaseMetric):
                 raise KeyError("BEVDetMetric needs data_sample['eval_ann_info'] (gt_boxes, ...)")
             if pred is None:
                 raise KeyError("BEVDetMetric needs data_sample['pred_instances_3d']")
+            gt_attrs = _get(ann, "gt_attrs")
+            if gt_attrs is None:
+                raise KeyError(
+                    "BEVDetMetric needs data_sample['eval_ann_info']['gt_attrs'] (one nuScenes "
+                    "attribute name or '' per GT box)"
+                )
             pred_boxes = _boxes(_get(pred, "bboxes_3d"))
             self.results.append(
                 dict(
                     sample_idx=_get(ann, "sample_idx"),
                     gt_boxes=_boxes(_get(ann, "gt_boxes")),
                     gt_labels=_to_numpy(_get(ann, "gt_labels"), np.int64).reshape(-1),
+                    gt_attrs=[str(a) for a in gt_attrs],
+                    eval_frame=_eval_frame(ann),
                     pred_boxes=pred_boxes,
                     pred_scores=_to_numpy(_get(pred, "scores_3d"), np.float64).reshape(-1),
                     pred_labels=_to_numpy(_get(pred, "labels_3d"), np.int64).reshape(-1),
@@ -108,6 +144,8 @@ class BEVDetMetric(BaseMetric):
             class_names=classes,
             class_range=self.class_range,
             dist_thresholds=self.dist_thresholds,
+            gt_attrs=[r["gt_attrs"] for r in results],
+            eval_frames=[r["eval_frame"] for r in results],
         )
         MMLogger.get_current_instance().info(
             f"BEV detection on {len(results)} samples\n"
@@ -119,16 +157,18 @@ class BEVDetMetric(BaseMetric):
 def format_table(
     metrics: Mapping[str, float], classes: Sequence[str], dist_thresholds: Sequence[float]
 ) -> str:
-    """Per-class AP at each threshold plus the summary line, as fixed-width text."""
+    """Per-class AP at each threshold and TP errors, plus the summary line, as fixed-width text."""
     ths = [float(t) for t in dist_thresholds]
     width = max([5] + [len(c) for c in classes])
+    tp_heads = [TP_SUMMARY_KEYS[key][1:] for key in TP_METRICS]  # ATE, ASE, ...
     head = ["class".ljust(width)] + [f"AP@{t:g}".rjust(7) for t in ths] + ["AP".rjust(7)]
-    lines = [" ".join(head)]
+    lines = [" ".join(head + [h.rjust(7) for h in tp_heads])]
     for name in classes:
         cells = [name.ljust(width)]
         cells += [f"{metrics[f'AP/{name}@{t}']:.4f}".rjust(7) for t in ths]
         cells.append(f"{metrics[f'AP/{name}']:.4f}".rjust(7))
+        cells += [f"{metrics[f'{key}/{name}']:.4f}".rjust(7) for key in TP_METRICS]
         lines.append(" ".join(cells))
-    summary = ("mAP", "NDS", "mATE", "mASE", "mAOE", "mAVE")
+    summary = ("mAP", "NDS", *(TP_SUMMARY_KEYS[key] for key in TP_METRICS))
     lines.append("  ".join(f"{key} {metrics[key]:.4f}" for key in summary))
     return "\n".join(lines)

@@ -19,7 +19,9 @@ class BEVDataset(BaseDataset):
     """Multi-camera 3D detection samples (synthetic or converted nuScenes).
 
     ``get_data_info(i)`` returns the sample (``cams`` with absolute ``img_path``, ``ego2global``
-    (4, 4), ``gt_boxes`` (N, 9) float32, ``gt_labels`` (N,) int64, ``cameras``) plus ``queue``:
+    (4, 4), ``ego_pose_translation`` (3,), ``gt_boxes`` (N, 9) float64 (velocity NaN where
+    unknown), ``gt_labels`` (N,) int64, ``gt_attrs`` list of N attribute names, ``cameras``) plus
+    ``queue``:
     ``queue_length`` sample infos of the same scene, oldest first, current last. When the scene
     has fewer earlier frames the first one is repeated. ``prev_exists`` on every queue entry is
     True iff that frame has a real earlier frame in its scene (False for repeats and the scene's
@@ -87,9 +89,11 @@ class BEVDataset(BaseDataset):
             timestamp=float(raw["timestamp"]),
             prev=int(raw["prev"]),
             ego2global=np.asarray(raw["ego2global"], np.float64),
+            ego_pose_translation=np.asarray(raw["ego_pose_translation"], np.float64),
             cams=cams,
-            gt_boxes=np.asarray(raw["gt_boxes"], np.float32).reshape(-1, 9),
+            gt_boxes=np.asarray(raw["gt_boxes"], np.float64).reshape(-1, 9),
             gt_labels=np.asarray(raw["gt_labels"], np.int64).reshape(-1),
+            gt_attrs=[str(a) for a in raw["gt_attrs"]],
         )
 
     def filter_data(self) -> List[dict]:

@@ -118,8 +118,11 @@ class PackBEVInputs(BaseTransform):
 
     ``imgs``: uint8 tensor (T, Ncam, 3, H, W). Metainfo: sample_idx, token, scene, timestamp,
     img_shape (H, W), lidar2img (T, Ncam, 4, 4) float64, ego2global (T, 4, 4) float64,
-    prev_exists (T,) bool, cameras. ``gt_instances_3d``: bboxes_3d float32 (N, 9),
-    labels_3d int64 (N,). ``eval_ann_info``: gt_boxes (N, 9), gt_labels (N,), sample_idx, token.
+    prev_exists (T,) bool, cameras. ``gt_instances_3d``: bboxes_3d float32 (N, 9) (an unknown
+    velocity as 0, the training target mmdet3d uses), labels_3d int64 (N,). ``eval_ann_info``:
+    gt_boxes (N, 9) float64 (an unknown velocity NaN: the devkit leaves it out of the velocity
+    error), gt_labels (N,), gt_attrs (N attribute names), ego2global (4, 4),
+    ego_pose_translation (3,), sample_idx, token.
     """
 
     def __init__(self, meta_keys: Optional[Sequence[str]] = None) -> None:
@@ -152,14 +155,18 @@ class PackBEVInputs(BaseTransform):
             if key in results:
                 meta[key] = results[key]
         sample = DetDataSample(metainfo=meta)
-        boxes = np.asarray(results["gt_boxes"], np.float32).reshape(-1, 9)
+        boxes = np.asarray(results["gt_boxes"], np.float64).reshape(-1, 9)
         labels = np.asarray(results["gt_labels"], np.int64).reshape(-1)
         sample.gt_instances_3d = InstanceData(
-            bboxes_3d=torch.from_numpy(boxes.copy()), labels_3d=torch.from_numpy(labels.copy())
+            bboxes_3d=torch.from_numpy(np.nan_to_num(boxes, nan=0.0).astype(np.float32)),
+            labels_3d=torch.from_numpy(labels.copy()),
         )
         sample.eval_ann_info = dict(
             gt_boxes=boxes.copy(),
             gt_labels=labels.copy(),
+            gt_attrs=list(results["gt_attrs"]),
+            ego2global=np.asarray(results["ego2global"], np.float64),
+            ego_pose_translation=np.asarray(results["ego_pose_translation"], np.float64),
             sample_idx=results["sample_idx"],
             token=results["token"],
         )
