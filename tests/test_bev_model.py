@@ -163,6 +163,7 @@ def test_bev_configs_build(name: str) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = Config.fromfile(os.path.join(root, "configs", "bev", name))
     assert cfg.model.type == "BEVFormer" and cfg.model.msda.impl == "auto"
+    assert cfg.model.use_temporal is True and cfg.train_dataloader.dataset.queue_length >= 2
     assert "npudet.models.bev" in cfg.custom_imports.imports
     assert cfg.model.backbone.init_cfg is None  # nothing is downloaded
     assert cfg.val_evaluator.type == "BEVDetMetric"

@@ -23,6 +23,9 @@ num_cams = 6
 model = dict(
     type='BEVFormer',
     msda=dict(impl='auto', encoder=None, decoder=None),
+    # temporal self-attention over the ego-motion-aligned previous BEV; False: no history
+    # (BEVFormer-S; tools/bev_temporal_ablation.py also sets the datasets' queue_length=1)
+    use_temporal=True,
     data_preprocessor=dict(
         type='BEVDataPreprocessor',
         mean=[123.675, 116.28, 103.53],

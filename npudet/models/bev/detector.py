@@ -60,7 +60,9 @@ class BEVFormer(BaseDetector):
     """Multi-camera detector: image backbone + neck -> BEV encoder (temporal) -> DETR head.
 
     Previous frames of the queue are encoded without gradient, in eval mode, each one
-    seeding the next; the current frame runs with gradient. ``msda``: dict(impl='auto',
+    seeding the next; the current frame runs with gradient. ``use_temporal=False`` keeps
+    no history: only the last frame of the queue is encoded and temporal self-attention
+    attends to the current BEV queries alone (BEVFormer-S). ``msda``: dict(impl='auto',
     encoder=None, decoder=None) (see :func:`apply_msda_cfg`); encoder = TSA + SCA,
     decoder = the head's cross-attention. ``train_cfg`` (the assigner) and ``test_cfg``
     (``max_per_img``) go to the head, as in mmdet's DETR detectors.
@@ -74,6 +76,7 @@ class BEVFormer(BaseDetector):
         bbox_head: dict,
         data_preprocessor: Optional[dict] = None,
         msda: Optional[Mapping] = None,
+        use_temporal: bool = True,
         train_cfg: Optional[dict] = None,
         test_cfg: Optional[dict] = None,
         init_cfg: Optional[dict] = None,
@@ -83,6 +86,9 @@ class BEVFormer(BaseDetector):
         if isinstance(data_preprocessor, dict):  # mmengine's root registry lacks it
             data_preprocessor = MODELS.build(data_preprocessor)
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        if not isinstance(use_temporal, bool):
+            raise TypeError(f"use_temporal: expected True or False, got {use_temporal!r}")
+        self.use_temporal = use_temporal
         self.backbone = MODELS.build(backbone)
         self.neck = MODELS.build(neck)
         self.encoder = MODELS.build(encoder)
@@ -106,31 +112,31 @@ class BEVFormer(BaseDetector):
         )
 
     def _encode(self, imgs: Tensor, geo: Dict[str, Any], t: int, prev_bev: Optional[Tensor]):
+        """BEV of frame ``t`` (B, Q, C), attending to ``prev_bev`` (frame t - 1) if given."""
+        history = {}
+        if prev_bev is not None:
+            history = dict(
+                prev_bev=prev_bev,
+                ego2global=geo["ego2global"][:, t],
+                ego2global_prev=geo["ego2global"][:, t - 1],
+                prev_valid=geo["prev_exists"][:, t],
+            )
         feats = self.extract_feat(imgs[:, t])
-        prev = None if t == 0 else prev_bev
-        return self.encoder(
-            feats,
-            geo["lidar2img"][:, t],
-            geo["img_shape"],
-            prev_bev=prev,
-            ego2global=geo["ego2global"][:, t],
-            ego2global_prev=geo["ego2global"][:, t - 1] if t > 0 else None,
-            prev_valid=geo["prev_exists"][:, t] if t > 0 else None,
-        )
+        return self.encoder(feats, geo["lidar2img"][:, t], geo["img_shape"], **history)
 
     def obtain_bev(self, imgs: Tensor, samples: List[Any]) -> Tensor:
         """imgs (B, T, Ncam, 3, H, W) -> current BEV (B, bev_h * bev_w, C)."""
         geo = self._geometry(samples, imgs.device)
-        steps = imgs.shape[1]
+        last = imgs.shape[1] - 1
         prev_bev = None
-        if steps > 1:
+        if self.use_temporal and last > 0:
             was_training = self.training
             self.eval()
             with torch.no_grad():
-                for t in range(steps - 1):
+                for t in range(last):
                     prev_bev = self._encode(imgs, geo, t, prev_bev)
             self.train(was_training)
-        return self._encode(imgs, geo, steps - 1, prev_bev)
+        return self._encode(imgs, geo, last, prev_bev)
 
     def loss(self, batch_inputs: Tensor, batch_data_samples: List[Any]) -> Dict[str, Tensor]:
         """Losses of every decoder layer (``loss_cls``, ``loss_bbox``, ``d{i}.*``)."""

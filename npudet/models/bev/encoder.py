@@ -152,6 +152,31 @@ class BEVFormerEncoder(BaseModule):
         )
         return pos.flatten(0, 1)
 
+    def geometry(
+        self,
+        batch: int,
+        device: torch.device,
+        ego2global: Optional[Tensor] = None,
+        ego2global_prev: Optional[Tensor] = None,
+        prev_valid: Optional[Tensor] = None,
+    ) -> BEVGeometry:
+        """The cells and where temporal self-attention reads the previous BEV.
+
+        ``ref_prev`` (B, Q, 2) holds the current cells moved into the previous ego frame by
+        ``ego2global`` / ``ego2global_prev`` (B, 4, 4) (ego motion undone by sampling), and
+        the cells themselves without poses or where ``prev_valid`` (B,) is False.
+        """
+        ref = bev_reference_points(self.bev_h, self.bev_w, device)
+        still = ref[None].expand(batch, -1, -1)
+        if ego2global is None or ego2global_prev is None:
+            return BEVGeometry(ref, still, (self.bev_h, self.bev_w))
+        ref_prev = prev_reference_points(
+            ref, ego2global.to(device), ego2global_prev.to(device), self.pc_range
+        )
+        if prev_valid is not None:
+            ref_prev = torch.where(prev_valid.to(device).view(batch, 1, 1), ref_prev, still)
+        return BEVGeometry(ref, ref_prev, (self.bev_h, self.bev_w))
+
     def forward(
         self,
         mlvl_feats: List[Tensor],
@@ -169,7 +194,6 @@ class BEVFormerEncoder(BaseModule):
         """
         b, n = mlvl_feats[0].shape[:2]
         device = mlvl_feats[0].device
-        bev_hw = (self.bev_h, self.bev_w)
         mlvl = [
             f + (self.cams_embeds[:n, :, None, None] + self.level_embeds[lvl, :, None, None])
             for lvl, f in enumerate(mlvl_feats)
@@ -177,19 +201,15 @@ class BEVFormerEncoder(BaseModule):
         feats, shapes, starts = flatten_levels(mlvl)
         query = self.bev_embedding.weight[None].expand(b, -1, -1)
         pos = self.bev_pos(device)[None].expand(b, -1, -1)
-        ref = bev_reference_points(self.bev_h, self.bev_w, device)
-        if prev_bev is not None and ego2global is not None and ego2global_prev is not None:
-            ref_prev = prev_reference_points(ref, ego2global, ego2global_prev, self.pc_range)
+        if prev_bev is None:
+            bev = self.geometry(b, device)
+        elif ego2global is None or ego2global_prev is None:
+            raise ValueError("prev_bev: given without ego2global and ego2global_prev to align it")
         else:
-            ref_prev = ref[None].expand(b, -1, -1)
+            bev = self.geometry(b, device, ego2global, ego2global_prev, prev_valid)
         if prev_valid is not None:
             prev_valid = prev_valid.to(device)
-            if prev_bev is not None:
-                ref_prev = torch.where(
-                    prev_valid.view(b, 1, 1), ref_prev, ref[None].expand_as(ref_prev)
-                )
         camera = CameraFeatures(feats, shapes, starts, lidar2img, img_shape)
-        bev = BEVGeometry(ref, ref_prev, bev_hw)
         for layer in self.layers:
             query = layer(query, pos, bev, camera, prev_bev, prev_valid)
         return query

@@ -1,0 +1,158 @@
+"""Train a BEV config with and without temporal self-attention and compare the two.
+
+python tools/bev_temporal_ablation.py CONFIG [--work-dir DIR] [--msda-impl cpu]
+    [--cfg-options k=v ...]
+
+Trains CONFIG twice with mmengine's Runner, from the same seed, weights and schedule:
+``temporal`` as configured (temporal self-attention over the ego-motion-aligned previous
+BEV) and ``no_history`` (``model.use_temporal=False`` and ``queue_length=1`` in every
+dataset, so no earlier frame is loaded or encoded: temporal self-attention attends to the
+current BEV queries alone). Each run is evaluated by the config's ``val_evaluator`` after
+its last epoch. The work dir (default ``work_dirs/temporal_ablation/CONFIG``) gets one
+folder per run (mmengine's logs and checkpoints), ``temporal_ablation.md`` (mAP, NDS,
+mATE, mAVE and time of both runs; also printed) and ``temporal_ablation.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+from typing import Dict, List
+
+from mmengine.config import Config
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+import npudet.engine  # noqa: F401  (hooks, checkpoint loading)
+from npudet.engine.cli import add_common_args, fail, load_config, run_checks
+from npudet.engine.preflight import _dataset_cfgs, check_data, check_msda
+from npudet.hooks import launch_env_setup
+
+RUNS = ("temporal", "no_history")
+LOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
+SUMMARY = ("mAP", "NDS", "mATE", "mAVE")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="BEV temporal self-attention ablation")
+    parser.add_argument("config", help="BEV train config file path")
+    add_common_args(parser)
+    args = parser.parse_args()
+    if args.launcher != "none":
+        fail("--launcher: the ablation runs its two trainings in one process, without a launcher")
+    return args
+
+
+def queue_lengths(cfg: Config) -> Dict[str, List[int]]:
+    """``queue_length`` of every dataset under each dataloader, by loader key."""
+    return {
+        key: [int(d.get("queue_length", 1)) for d in _dataset_cfgs(cfg.get(key, {}).get("dataset"))]
+        for key in LOADERS
+        if cfg.get(key)
+    }
+
+
+def variant_cfg(cfg: Config, run: str, work_dir: str) -> Config:
+    """The config of one run: its own work dir, logger and visualizer names; history off
+    for ``no_history``."""
+    out = copy.deepcopy(cfg)
+    out.work_dir = os.path.join(work_dir, run)
+    # mmengine keeps loggers, message hubs and visualizers by name: one set per run
+    out.experiment_name = run
+    if out.get("visualizer"):
+        out.visualizer.name = f"{out.visualizer.get('name', 'visualizer')}_{run}"
+    if run == "no_history":
+        out.model.use_temporal = False
+        for key in LOADERS:
+            if out.get(key):
+                for dataset in _dataset_cfgs(out[key].dataset):
+                    dataset.queue_length = 1
+    return out
+
+
+def train_and_evaluate(cfg: Config) -> Dict[str, float]:
+    """Train with mmengine's Runner (which validates after the last epoch); returns the
+    final validation metrics (prefix dropped), iterations, seconds per iteration and the
+    wall time of training plus validation."""
+    runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+    start = time.perf_counter()
+    runner.train()
+    wall = time.perf_counter() - start
+    hub = runner.message_hub
+    metrics = {
+        key.rsplit("/", 1)[-1]: float(buf.current())
+        for key, buf in hub.log_scalars.items()
+        if key.startswith("val/") and key.rsplit("/", 1)[-1] in SUMMARY
+    }
+    missing = [k for k in SUMMARY if k not in metrics]
+    if missing:
+        fail(f"val_evaluator: reported no {', '.join(missing)} (a BEV metric such as BEVDetMetric)")
+    iter_time = hub.get_scalar("train/time")
+    return dict(metrics, iters=runner.iter, sec_per_iter=float(iter_time.mean()), wall_s=wall)
+
+
+def markdown(config_name: str, records: Dict[str, Dict]) -> str:
+    """The comparison table with a difference row (temporal minus no history)."""
+    head = (
+        "| run | history | mAP | NDS | mATE (m) | mAVE (m/s) | iterations | s / iter "
+        "| train + val (min) |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for run, rec in records.items():
+        rows.append(
+            f"| {run} | {rec['history']} | {rec['mAP']:.4f} | {rec['NDS']:.4f} | "
+            f"{rec['mATE']:.3f} | {rec['mAVE']:.3f} | {rec['iters']} | "
+            f"{rec['sec_per_iter']:.3f} | {rec['wall_s'] / 60:.1f} |"
+        )
+    a, b = records["temporal"], records["no_history"]
+    rows.append(
+        f"| temporal - no_history | | {a['mAP'] - b['mAP']:+.4f} | {a['NDS'] - b['NDS']:+.4f} | "
+        f"{a['mATE'] - b['mATE']:+.3f} | {a['mAVE'] - b['mAVE']:+.3f} | | "
+        f"{a['sec_per_iter'] - b['sec_per_iter']:+.3f} | |"
+    )
+    title = f"{config_name}: validation after the last epoch, same seed and schedule\n\n"
+    return title + head + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    args = parse_args()
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    cfg = load_config(args, default_work_root=os.path.join("work_dirs", "temporal_ablation"))
+    work_dir = cfg.work_dir
+    if "use_temporal" not in cfg.model:
+        fail(f"{args.config}: model has no use_temporal switch (a BEVFormer config)")
+    lengths = queue_lengths(cfg)
+    short = {k: v for k, v in lengths.items() if min(v, default=2) < 2}
+    if not lengths.get("train_dataloader") or short:
+        fail(
+            f"{args.config}: queue_length must be >= 2 in every dataset for the temporal run, "
+            f"got {lengths}"
+        )
+    cfg.model.use_temporal = True
+    run_checks(lambda: check_msda(cfg), lambda: check_data(cfg, ["train", "val"]))
+    for action in launch_env_setup():
+        print(f"[npudet] set {action.target}={action.value} ({action.reason})")
+
+    records: Dict[str, Dict] = {}
+    for run in RUNS:
+        print(f"[temporal-ablation] training {run}", flush=True)
+        run_cfg = variant_cfg(cfg, run, work_dir)
+        record = train_and_evaluate(run_cfg)
+        queue = queue_lengths(run_cfg)["train_dataloader"][0]
+        record["history"] = f"{queue - 1} frame(s)" if run_cfg.model.use_temporal else "none"
+        records[run] = record
+    table = markdown(name, records)
+    os.makedirs(work_dir, exist_ok=True)
+    with open(os.path.join(work_dir, "temporal_ablation.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(work_dir, "temporal_ablation.json"), "w") as f:
+        json.dump(dict(config=args.config, runs=records), f, indent=1)
+    print(table, end="")
+    print(f"[temporal-ablation] wrote temporal_ablation.md and .json to {work_dir}")
+
+
+if __name__ == "__main__":
+    main()
