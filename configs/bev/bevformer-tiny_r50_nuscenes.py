@@ -91,7 +91,14 @@ val_dataloader = dict(
         queue_length=3,
         pipeline=pipeline))
 test_dataloader = val_dataloader
-val_evaluator = dict(type='BEVDetMetric', classes=classes, class_range=50.0)
+# nuscenes-devkit's detection_cvpr_2019 class ranges (m), as its DetectionEval filters
+# (_delete_: the base config's class_range is one float for all classes).
+val_evaluator = dict(
+    type='BEVDetMetric',
+    classes=classes,
+    class_range=dict(
+        _delete_=True, car=50, truck=50, bus=50, trailer=50, construction_vehicle=50,
+        pedestrian=40, motorcycle=40, bicycle=40, traffic_cone=30, barrier=30))
 test_evaluator = val_evaluator
 
 optim_wrapper = dict(
