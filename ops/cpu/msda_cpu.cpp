@@ -856,7 +856,7 @@ at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& top_left,
   const int32_t* tl = top_left.data_ptr<int32_t>();
   const uint8_t* cm = corners.data_ptr<uint8_t>();
   const int64_t* step = row_step.data_ptr<int64_t>();
-  // Corner k of sample i lies delta[k] rows after its top-left one; bit k of corners says
+  // Corner j of sample i lies delta[j] rows after its top-left one; bit j of corners says
   // it is inside the map (the plan was made by Python, which checked every index).
   at::Tensor out = at::empty({N, Dd}, rows.options());
   const float* v = rows.data_ptr<float>();
@@ -864,26 +864,36 @@ at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& top_left,
   dispatch_d<float>(Dd, [&](auto dc) {
     constexpr int DC = decltype(dc)::value;
     const int64_t D = DC > 0 ? DC : Dd;
+    // A missing corner reads a zero row, and the four corners of a sample are summed in one
+    // pass over D, as the fused forward does (one accumulator update per sample, not per
+    // corner).
+    const std::vector<float> zeros(D, 0.0f);
     at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
       std::vector<float> acc(D);
-      const auto each_corner = [&](int64_t r, auto&& f) {
-        for (int64_t i = 0; i < S; ++i) {
-          const uint8_t m = cm[r * S + i];
-          const int64_t k = tl[r * S + i];
-          const int64_t delta[4] = {0, x_step, step[i], step[i] + x_step};
-          for (int c = 0; c < 4; ++c) {
-            if (m & (1u << c)) f(v + (k + delta[c]) * D);
-          }
-        }
+      const auto corner_rows = [&](int64_t r, int64_t i, const float* (&c)[4]) {
+        const uint8_t m = cm[r * S + i];
+        const int64_t k = tl[r * S + i];
+        const int64_t delta[4] = {0, x_step, step[i], step[i] + x_step};
+        for (int j = 0; j < 4; ++j) c[j] = (m >> j) & 1u ? v + (k + delta[j]) * D : zeros.data();
+        return m != 0;
       };
       for (int64_t r = begin; r < end; ++r) {
-        if (r + 1 < end) each_corner(r + 1, [&](const float* row) { prefetch_row<0>(row, D); });
+        if (r + 1 < end) {
+          for (int64_t i = 0; i < S; ++i) {
+            const float* c[4];
+            if (!corner_rows(r + 1, i, c)) continue;
+            for (const float* row : c) prefetch_row<0>(row, D);
+          }
+        }
         std::fill(acc.begin(), acc.end(), 0.0f);
         float* a = acc.data();
-        each_corner(r, [&](const float* src) {
+        for (int64_t i = 0; i < S; ++i) {
+          const float* c[4];
+          if (!corner_rows(r, i, c)) continue;
+          const float *v0 = c[0], *v1 = c[1], *v2 = c[2], *v3 = c[3];
 #pragma omp simd
-          for (int64_t c = 0; c < D; ++c) a[c] += src[c];
-        });
+          for (int64_t e = 0; e < D; ++e) a[e] += v0[e] + v1[e] + v2[e] + v3[e];
+        }
         std::memcpy(o + r * D, a, D * sizeof(float));
       }
     });
