@@ -10,7 +10,8 @@ dataset, so no earlier frame is loaded or encoded: temporal self-attention atten
 current BEV queries alone). Each run is evaluated by the config's ``val_evaluator`` after
 its last epoch. The work dir (default ``work_dirs/temporal_ablation/CONFIG``) gets one
 folder per run (mmengine's logs and checkpoints), ``temporal_ablation.md`` (mAP, NDS,
-mATE, mAVE and time of both runs; also printed) and ``temporal_ablation.json``.
+mATE, mAVE, median iteration time and wall time of both runs; also printed) and
+``temporal_ablation.json``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import time
 from typing import Dict, List
 
+import numpy as np
 from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
@@ -75,8 +77,8 @@ def variant_cfg(cfg: Config, run: str, work_dir: str) -> Config:
 
 def train_and_evaluate(cfg: Config) -> Dict[str, float]:
     """Train with mmengine's Runner (which validates after the last epoch); returns the
-    final validation metrics (prefix dropped), iterations, seconds per iteration and the
-    wall time of training plus validation."""
+    final validation metrics (prefix dropped), iterations, the median seconds per
+    training iteration and the wall time of training plus validation."""
     runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
     start = time.perf_counter()
     runner.train()
@@ -90,14 +92,15 @@ def train_and_evaluate(cfg: Config) -> Dict[str, float]:
     missing = [k for k in SUMMARY if k not in metrics]
     if missing:
         fail(f"val_evaluator: reported no {', '.join(missing)} (a BEV metric such as BEVDetMetric)")
-    iter_time = hub.get_scalar("train/time")
-    return dict(metrics, iters=runner.iter, sec_per_iter=float(iter_time.mean()), wall_s=wall)
+    # the median: one slow iteration (a busy machine) does not move it
+    iter_times = hub.get_scalar("train/time").data[0]
+    return dict(metrics, iters=runner.iter, sec_per_iter=float(np.median(iter_times)), wall_s=wall)
 
 
 def markdown(config_name: str, records: Dict[str, Dict]) -> str:
     """The comparison table with a difference row (temporal minus no history)."""
     head = (
-        "| run | history | mAP | NDS | mATE (m) | mAVE (m/s) | iterations | s / iter "
+        "| run | history | mAP | NDS | mATE (m) | mAVE (m/s) | iterations | s / iter (median) "
         "| train + val (min) |\n|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
