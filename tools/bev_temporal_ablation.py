@@ -30,7 +30,7 @@ from mmengine.runner import Runner
 
 import npudet.engine  # noqa: F401  (hooks, checkpoint loading)
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
-from npudet.engine.preflight import _dataset_cfgs, check_data, check_msda
+from npudet.engine.preflight import check_data, check_msda, dataset_cfgs
 from npudet.hooks import launch_env_setup
 
 RUNS = ("temporal", "no_history")
@@ -51,7 +51,7 @@ def parse_args() -> argparse.Namespace:
 def queue_lengths(cfg: Config) -> Dict[str, List[int]]:
     """``queue_length`` of every dataset under each dataloader, by loader key."""
     return {
-        key: [int(d.get("queue_length", 1)) for d in _dataset_cfgs(cfg.get(key, {}).get("dataset"))]
+        key: [int(d.get("queue_length", 1)) for d in dataset_cfgs(cfg.get(key, {}).get("dataset"))]
         for key in LOADERS
         if cfg.get(key)
     }
@@ -70,7 +70,7 @@ def variant_cfg(cfg: Config, run: str, work_dir: str) -> Config:
         out.model.use_temporal = False
         for key in LOADERS:
             if out.get(key):
-                for dataset in _dataset_cfgs(out[key].dataset):
+                for dataset in dataset_cfgs(out[key].dataset):
                     dataset.queue_length = 1
     return out
 

@@ -29,15 +29,15 @@ def check_msda(cfg: Config) -> None:
         raise PreflightError(str(err)) from None
 
 
-def _dataset_cfgs(cfg: Optional[Dict]) -> Iterator[Dict]:
+def dataset_cfgs(cfg: Optional[Dict]) -> Iterator[Dict]:
     """Leaf dataset configs inside a (possibly wrapped or concatenated) dataset config."""
     if not cfg:
         return
     if "dataset" in cfg:
-        yield from _dataset_cfgs(cfg["dataset"])
+        yield from dataset_cfgs(cfg["dataset"])
     elif "datasets" in cfg:
         for sub in cfg["datasets"]:
-            yield from _dataset_cfgs(sub)
+            yield from dataset_cfgs(sub)
     else:
         yield cfg
 
@@ -118,7 +118,7 @@ def check_data(cfg: Config, loaders: List[str]) -> None:
         loader = cfg.get(f"{name}_dataloader")
         if not loader:
             continue
-        for dataset in _dataset_cfgs(loader.get("dataset")):
+        for dataset in dataset_cfgs(loader.get("dataset")):
             check_dataset(dataset, f"{name}_dataloader.dataset")
         evaluators = cfg.get(f"{name}_evaluator")
         if evaluators is None:
