@@ -10,7 +10,7 @@ from plugin_util import ROOT
 CONFIG = os.path.join(ROOT, "configs", "bev", "bev-small_r18_synthetic.py")
 
 
-def test_small_bev_config_loss_falls_in_20_iterations(tmp_path) -> None:
+def test_small_bev_config_loss_falls_in_40_iterations(tmp_path) -> None:
     from npudet.ablation.worker import run
     from npudet.datasets.synthetic_bev import make_bev_dataset
     from npudet.ops import msda_impls
@@ -24,7 +24,7 @@ def test_small_bev_config_loss_falls_in_20_iterations(tmp_path) -> None:
                 "config": CONFIG,
                 "cfg_options": {"train_dataloader.dataset.data_root": data_root},
                 "msda": {"impl": "cpu" if "cpu" in msda_impls() else "grid_sample"},
-                "iters": 20,
+                "iters": 40,
                 "work_dir": str(tmp_path / "work"),
                 "threads": 1,  # one thread: on shared cores two threads ran 10x slower
             }
@@ -32,8 +32,9 @@ def test_small_bev_config_loss_falls_in_20_iterations(tmp_path) -> None:
     finally:
         torch.set_num_threads(threads)  # the worker sets it for the whole process
     losses = record["loss"]
-    assert len(losses) == 20
+    assert len(losses) == 40
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    # measured on the built-in set: the 5-iteration mean falls from about 11.4 to 9.3
-    # (40 iterations reach about 6.2)
+    # 40 iterations: with the centre weighted in metres the loss is dominated by the centre L1,
+    # which barely moves in the first 20 (LinearLR warm-up over 50); by 40 the 5-iteration mean
+    # has fallen by more than 10%.
     assert last < 0.9 * first, losses

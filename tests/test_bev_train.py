@@ -44,5 +44,6 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
     (log,) = glob.glob(str(work / "*" / "vis_data" / "scalars.json"))
     with open(log) as f:
         final = [json.loads(line) for line in f if "bev/mAP" in line][-1]
-    assert final["bev/mAP"] >= max(0.03, 10 * before["bev/mAP"]), (before, final)
+    # The 36-epoch recipe reached mAP 0.389 (every class AP > 0); 0.2 leaves room for noise.
+    assert final["bev/mAP"] >= max(0.2, 10 * before["bev/mAP"]), (before, final)
     assert final["bev/NDS"] > before["bev/NDS"] + 0.05, (before, final)

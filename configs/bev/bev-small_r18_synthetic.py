@@ -2,9 +2,11 @@
 # (data/bev_synth: 6 cameras, 160x96 images, 3 classes), trained from scratch on CPU:
 # ResNet-18 at half width (stride-8 and stride-16 stages), 2 FPN levels, 64-d BEV of 25x25
 # cells over +-25 m, 2 encoder + 3 decoder layers, queue of 2 frames. Two-stage head: every
-# BEV cell proposes a box, the best 50 seed the decoder; mmdet's HungarianAssigner weighs the
-# centre (u, v) 5x, so queries are assigned to the objects they are near; mmdet's FocalLoss and
-# L1Loss. 12 epochs = 768 iterations.
+# BEV cell proposes a box, the best 50 seed the decoder; mmdet's HungarianAssigner and
+# FocalLoss / L1Loss. The centre is coded as (u, v) over the 50 m range and zn over 6 m, so
+# weights 50, 50, 6 put its loss and matching cost in metres (as BEVFormer's are): with weight 1
+# a 1 m miss cost 0.02, less than any size or yaw error, and centres stayed ~1.4 m off.
+# 36 epochs = 2304 iterations (about 6 min on 2 cores).
 _base_ = ['../_base_/default_runtime.py']
 custom_imports = dict(
     imports=[
@@ -74,7 +76,7 @@ model = dict(
         bev_h=bev_h,
         bev_w=bev_w,
         pc_range=pc_range,
-        code_weights=[1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2],
+        code_weights=[50.0, 50.0, 6.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2],
         two_stage=True,
         loss_cls=dict(
             type='FocalLoss',
@@ -84,7 +86,7 @@ model = dict(
             loss_weight=2.0),
         loss_bbox=dict(type='L1Loss', loss_weight=0.25)),
     # matching: focal class cost + L1 over the codes (u, v, zn, log sizes, sin, cos;
-    # velocity left out), the centre weighted 5x
+    # velocity left out), the centre in metres
     train_cfg=dict(
         assigner=dict(
             type='HungarianAssigner',
@@ -93,7 +95,7 @@ model = dict(
                 dict(
                     type='BEVBoxL1Cost',
                     weight=0.25,
-                    code_weights=[5.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+                    code_weights=[50.0, 50.0, 6.0, 1.0, 1.0, 1.0, 1.0, 1.0])
             ])),
     test_cfg=dict(max_per_img=50))
 
@@ -139,7 +141,7 @@ optim_wrapper = dict(
     clip_grad=dict(max_norm=35, norm_type=2),
     paramwise_cfg=dict(custom_keys={'sampling_offsets': dict(lr_mult=0.1)}))
 
-max_epochs = 12
+max_epochs = 36
 train_cfg = dict(
     type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=max_epochs)
 val_cfg = dict(type='ValLoop')
