@@ -15,7 +15,7 @@ from train_util import train_losses
 
 from npudet.engine.graph_breaks import MSDA_FILES, GraphBreakRecorder
 from npudet.hooks import compile_with_hook
-from npudet.models.layers import MultiScaleDeformableAttention
+from npudet.models.layers import deformable_layers
 
 CONFIGS = {"ddetr": SMALL_DETR, "dino": SMALL_DINO}
 # Inductor draws random numbers its own way unless told to fall back to eager's generator;
@@ -62,7 +62,7 @@ def _layer_calls(model: torch.nn.Module, batch: dict):
     def grab(module, args, kwargs):
         calls.setdefault(module, (args, kwargs))
 
-    layers = [m for m in model.modules() if isinstance(m, MultiScaleDeformableAttention)]
+    layers = [layer for _, layer in deformable_layers(model)]
     handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in layers]
     with torch.no_grad():
         model(**model.data_preprocessor(batch, True), mode="loss")
