@@ -16,7 +16,10 @@ def test_small_bev_config_loss_falls_in_40_iterations(tmp_path) -> None:
     from npudet.ops import msda_impls
 
     data_root = f"{tmp_path}/bev/"
-    make_bev_dataset(data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4)
+    # small images keep it quick; the model does not depend on the resolution
+    make_bev_dataset(
+        data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4, width=160, height=96
+    )
     threads = torch.get_num_threads()
     try:
         record = run(

@@ -198,7 +198,10 @@ def test_temporal_ablation_tool_tiny(tmp_path) -> None:
     from npudet.datasets.synthetic_bev import make_bev_dataset
 
     data_root = f"{tmp_path}/bev/"
-    make_bev_dataset(data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4)
+    # small images keep it quick; the model does not depend on the resolution
+    make_bev_dataset(
+        data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4, width=160, height=96
+    )
     work = tmp_path / "ablation"
     roots = [f"{k}_dataloader.dataset.data_root={data_root}" for k in ("train", "val", "test")]
     schedule = [

@@ -372,12 +372,12 @@ def write_split(
 
 def make_bev_dataset(
     root: str,
-    num_scenes_train: int = 16,
+    num_scenes_train: int = 128,
     num_scenes_val: int = 4,
     frames_per_scene: int = 8,
     seed: int = 0,
-    width: int = 160,
-    height: int = 96,
+    width: int = 320,
+    height: int = 192,
     force: bool = False,
 ) -> Dict[str, Any]:
     """Generate the synthetic BEV set under ``root`` unless present with the same settings.
