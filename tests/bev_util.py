@@ -15,6 +15,16 @@ PC_RANGE = (-10.0, -10.0, -2.0, 10.0, 10.0, 2.0)
 IMG_HW = (32, 48)
 
 
+def tiny_bev_set(root: str) -> None:
+    """A 1 + 1 scene, 4-frame built-in set under ``root``; 160x96 images keep the tools' tests
+    quick (the model does not depend on the resolution)."""
+    from npudet.datasets.synthetic_bev import make_bev_dataset
+
+    make_bev_dataset(
+        root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4, width=160, height=96
+    )
+
+
 def ring_lidar2img(num_cams: int, img_hw=IMG_HW, focal: float = 20.0) -> torch.Tensor:
     """(num_cams, 4, 4) lidar2img of OpenCV cameras 1.5 m up, evenly spaced in yaw."""
     h, w = img_hw

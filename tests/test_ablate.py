@@ -63,13 +63,10 @@ def test_ablate_two_impls_three_iters(tiny_shapes, tmp_path):
 
 
 def test_ablate_bev_config(tmp_path):
-    from npudet.datasets.synthetic_bev import make_bev_dataset
+    from bev_util import tiny_bev_set
 
     data_root = f"{tmp_path}/bev/"
-    # small images keep it quick; the model does not depend on the resolution
-    make_bev_dataset(
-        data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4, width=160, height=96
-    )
+    tiny_bev_set(data_root)
     work = tmp_path / "ablate"
     proc = run_tool(
         [

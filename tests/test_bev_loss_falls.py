@@ -11,15 +11,13 @@ CONFIG = os.path.join(ROOT, "configs", "bev", "bev-small_r18_synthetic.py")
 
 
 def test_small_bev_config_loss_falls_in_40_iterations(tmp_path) -> None:
+    from bev_util import tiny_bev_set
+
     from npudet.ablation.worker import run
-    from npudet.datasets.synthetic_bev import make_bev_dataset
     from npudet.ops import msda_impls
 
     data_root = f"{tmp_path}/bev/"
-    # small images keep it quick; the model does not depend on the resolution
-    make_bev_dataset(
-        data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4, width=160, height=96
-    )
+    tiny_bev_set(data_root)
     threads = torch.get_num_threads()
     try:
         record = run(

@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from bev_util import random_batch, small_model
+from bev_util import random_batch, small_model, tiny_bev_set
 from plugin_util import ROOT, run_tool
 
 from npudet.models.bev import BEVFormer, BEVFormerEncoder
@@ -195,13 +195,8 @@ def test_temporal_ablation_tool_tiny(tmp_path) -> None:
     the table; the no-history run's dumped config has the switch off and no queue."""
     from mmengine.config import Config
 
-    from npudet.datasets.synthetic_bev import make_bev_dataset
-
     data_root = f"{tmp_path}/bev/"
-    # small images keep it quick; the model does not depend on the resolution
-    make_bev_dataset(
-        data_root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4, width=160, height=96
-    )
+    tiny_bev_set(data_root)
     work = tmp_path / "ablation"
     roots = [f"{k}_dataloader.dataset.data_root={data_root}" for k in ("train", "val", "test")]
     schedule = [

@@ -5,22 +5,26 @@ from __future__ import annotations
 import argparse
 import time
 
-from npudet.datasets.synthetic_bev import make_bev_dataset
+from npudet.datasets import synthetic_bev as bev
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--root", default="data/bev_synth", help="output folder")
-    parser.add_argument("--num-train-scenes", type=int, default=128)
-    parser.add_argument("--num-val-scenes", type=int, default=4)
-    parser.add_argument("--frames", type=int, default=8, help="frames per scene (0.5 s apart)")
+    parser.add_argument("--num-train-scenes", type=int, default=bev.NUM_SCENES_TRAIN)
+    parser.add_argument("--num-val-scenes", type=int, default=bev.NUM_SCENES_VAL)
+    parser.add_argument(
+        "--frames", type=int, default=bev.FRAMES_PER_SCENE, help="frames per scene (0.5 s apart)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--width", type=int, default=320, help="camera image width in pixels")
-    parser.add_argument("--height", type=int, default=192, help="camera image height in pixels")
+    parser.add_argument("--width", type=int, default=bev.WIDTH, help="camera image width in pixels")
+    parser.add_argument(
+        "--height", type=int, default=bev.HEIGHT, help="camera image height in pixels"
+    )
     parser.add_argument("--force", action="store_true", help="regenerate even if up to date")
     args = parser.parse_args()
     start = time.time()
-    paths = make_bev_dataset(
+    paths = bev.make_bev_dataset(
         args.root,
         args.num_train_scenes,
         args.num_val_scenes,

@@ -63,6 +63,10 @@ CLASS_COLOURS: Dict[str, Tuple[int, int, int]] = {
     "pedestrian": (210, 50, 200),
 }
 SPLITS: Tuple[str, ...] = ("train", "val")
+# the built-in set's defaults (the CLI's too); a camera reads range from where an object meets
+# the ground, and at 20 m a pixel row of a 320x192 camera is ~1 m of range (160x96: ~2 m)
+NUM_SCENES_TRAIN, NUM_SCENES_VAL, FRAMES_PER_SCENE = 128, 4, 8
+WIDTH, HEIGHT = 320, 192
 _LIGHT = np.array([0.4, 0.6, 1.0]) / np.linalg.norm([0.4, 0.6, 1.0])
 
 
@@ -372,12 +376,12 @@ def write_split(
 
 def make_bev_dataset(
     root: str,
-    num_scenes_train: int = 128,
-    num_scenes_val: int = 4,
-    frames_per_scene: int = 8,
+    num_scenes_train: int = NUM_SCENES_TRAIN,
+    num_scenes_val: int = NUM_SCENES_VAL,
+    frames_per_scene: int = FRAMES_PER_SCENE,
     seed: int = 0,
-    width: int = 320,
-    height: int = 192,
+    width: int = WIDTH,
+    height: int = HEIGHT,
     force: bool = False,
 ) -> Dict[str, Any]:
     """Generate the synthetic BEV set under ``root`` unless present with the same settings.
