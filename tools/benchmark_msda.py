@@ -13,6 +13,11 @@ limit for the case, and ``fwd / limit`` and ``bwd / limit`` say how far each
 implementation is from it. The header and the JSON name the CPU model, its vector
 features, ATen's capability and the ``cpu`` kernel's instruction-set variant.
 
+On an accelerator two more times per implementation: ``queued ms``, forward+backward calls
+queued back to back between two syncs, per call (what training sees: the larger of the host's
+and the device's time), and on CUDA ``kernel ms``, the GPU's own time per call from the
+profiler. Columns nothing measured are left out of the table.
+
 ``--runs N`` runs the whole benchmark N times in separate processes and reports, per
 cell, the median of the runs and their spread (min-max): ratios are taken within each run,
 where both sides met the same machine state, then summarised.
@@ -157,6 +162,35 @@ def peak_memory_mb(runner: Runner, device: str) -> float:
     return peak / 2**20
 
 
+QUEUED_CALLS = 20  # back-to-back forward+backward calls per queued measurement
+
+
+def queued_ms(runner: Runner, device: str) -> float:
+    """Forward+backward ms per call with ``QUEUED_CALLS`` calls queued between two syncs.
+
+    On an accelerator the host runs ahead of the device as it does in training, so this is
+    the larger of the device's time and the host's launch overhead; a single synced call
+    (``fwd_bwd_ms``) adds the two.
+    """
+    return _timed(lambda: [runner.grads() for _ in range(QUEUED_CALLS)], device) / QUEUED_CALLS
+
+
+def kernel_ms(runner: Runner, device: str, calls: int = 5) -> float:
+    """Device time (kernels, copies, fills) of one forward+backward on CUDA, by the
+    profiler: what the implementation costs the GPU, host overhead excluded. NaN elsewhere."""
+    if device != "cuda":
+        return float("nan")
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            runner.grads()
+        torch.cuda.synchronize()
+    device_us = sum(e.self_device_time_total for e in prof.key_averages())
+    return device_us / 1e3 / calls
+
+
 def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict]:
     case, pattern = parse_case(spec)
     inputs = make_inputs(case, pattern, device=device)
@@ -205,6 +239,9 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
         row["peak_mem_mb"] = peak_memory_mb(runners[name], device)
         row["max_abs_err"], row["max_rel_grad_err"] = errors[name]
         row["limit_ms"] = limit
+        accelerator = _accelerator(device) is not None
+        row["queued_ms"] = queued_ms(runners[name], device) if accelerator else float("nan")
+        row["kernel_ms"] = kernel_ms(runners[name], device)
         rows.append(row)
     return derive(rows)
 
@@ -229,7 +266,7 @@ def derive(rows: List[dict]) -> List[dict]:
     nan = float("nan")
     for r in rows:
         b = base.get(r["case"])
-        for key in TIMES:
+        for key in (*TIMES, "queued_ms", "kernel_ms"):
             r[key.replace("_ms", "_x")] = b[key] / r[key] if b else nan
         r["mem_ratio"] = r["peak_mem_mb"] / b["peak_mem_mb"] if b and b["peak_mem_mb"] else nan
         r["fwd_x_limit"] = r["fwd_ms"] / r["limit_ms"]
@@ -245,6 +282,10 @@ COLUMNS = (
     ("fwd x", "fwd_x", ".1f"),
     ("bwd x", "bwd_x", ".1f"),
     ("fwd+bwd x", "fwd_bwd_x", ".1f"),
+    ("queued ms", "queued_ms", ".3f"),
+    ("queued x", "queued_x", ".1f"),
+    ("kernel ms", "kernel_ms", ".3f"),
+    ("kernel x", "kernel_x", ".1f"),
     ("limit ms", "limit_ms", ".2f"),
     ("fwd / limit", "fwd_x_limit", ".2f"),
     ("bwd / limit", "bwd_x_limit", ".2f"),
@@ -256,7 +297,7 @@ COLUMNS = (
 
 
 # Columns of a summary of runs that show the spread; the others show the median alone.
-SPREAD = {key for _, key, _ in COLUMNS[:9]}
+SPREAD = {key for _, key, _ in COLUMNS[:13]}
 
 
 def _cell(value, fmt: str, spread: bool) -> str:
@@ -271,15 +312,23 @@ def _cell(value, fmt: str, spread: bool) -> str:
     return "-" if value != value else f"{value:{fmt}}"
 
 
+def _measured(value) -> bool:
+    """False for NaN (not measured), also as the median of a summary of runs."""
+    number = value["median"] if isinstance(value, dict) else value
+    return number == number
+
+
 def markdown(rows: List[dict]) -> str:
     """The results as a markdown table (x = speed-up over the baseline, / limit = time over
-    the gather-only probe's)."""
+    the gather-only probe's; queued and kernel times on accelerators). A column no row
+    measured (the probe off the CPU, the accelerator timings on it) is left out."""
+    columns = [c for c in COLUMNS if any(_measured(r.get(c[1], float("nan"))) for r in rows)]
     lines = [
-        "| case | impl | " + " | ".join(h for h, _, _ in COLUMNS) + " |",
-        "|---|---|" + "---:|" * len(COLUMNS),
+        "| case | impl | " + " | ".join(h for h, _, _ in columns) + " |",
+        "|---|---|" + "---:|" * len(columns),
     ]
     for r in rows:
-        cells = [_cell(r[key], fmt, key in SPREAD) for _, key, fmt in COLUMNS]
+        cells = [_cell(r.get(key, float("nan")), fmt, key in SPREAD) for _, key, fmt in columns]
         lines.append(f"| {r['case']} | {r['impl']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
