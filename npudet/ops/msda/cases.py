@@ -50,15 +50,35 @@ CASES: Dict[str, MSDACase] = {
 }
 
 
+# Full training sizes, for accelerators (named, never in a default CPU list): Deformable DETR's
+# encoder on an 800x1216 padded COCO batch of 2; BEVFormer-base's temporal self-attention (200x200
+# BEV, previous and current stacked) and spatial cross-attention (6 cameras of 1600x900, 4 FPN
+# levels, up to 10000 visible cells each, 2 points x 4 pillar heights).
+LARGE_CASES: Dict[str, MSDACase] = {
+    c.name: c
+    for c in (
+        MSDACase(
+            "ddetr-enc-coco", 2, ((100, 152), (50, 76), (25, 38), (13, 19)), 20197, 8, 32, 4, True
+        ),
+        MSDACase("bev-tsa-base", 2, ((200, 200),), 40000, 8, 32, 4, True),
+        MSDACase(
+            "bev-sca-base", 6, ((116, 200), (58, 100), (29, 50), (15, 25)), 10000, 8, 32, 8, False
+        ),
+    )
+}
+
+
 def parse_case(spec: str) -> Tuple[MSDACase, str]:
-    """'ddetr-enc' or 'ddetr-enc:uniform' -> (case, pattern)."""
+    """'ddetr-enc' or 'ddetr-enc:uniform' (any of ``CASES`` or ``LARGE_CASES``) -> (case,
+    pattern)."""
     name, _, pattern = spec.partition(":")
     pattern = pattern or "realistic"
-    if name not in CASES:
-        raise ValueError(f"--cases: unknown case {name!r}; expected one of {sorted(CASES)}")
+    known = {**CASES, **LARGE_CASES}
+    if name not in known:
+        raise ValueError(f"--cases: unknown case {name!r}; expected one of {sorted(known)}")
     if pattern not in PATTERNS:
         raise ValueError(f"--cases: unknown pattern {pattern!r} in {spec!r}; expected {PATTERNS}")
-    return CASES[name], pattern
+    return known[name], pattern
 
 
 def _reference_points(case: MSDACase, gen: torch.Generator) -> torch.Tensor:
