@@ -225,7 +225,10 @@ def test_temporal_ablation_tool_tiny(tmp_path) -> None:
         assert rec["iters"] == 2 and rec["sec_per_iter"] > 0
         assert 0 <= rec["mAP"] <= 1 and 0 <= rec["NDS"] <= 1
         assert rec["mATE"] > 0 and rec["mAVE"] > 0
+        assert rec["moving_n"] >= 0 and rec["static_n"] >= 0  # the velocity split ran
+        assert {"moving_true_speed", "moving_pred_speed", "static_pred_speed"} <= set(rec)
     table = (work / "temporal_ablation.md").read_text()
+    assert "| moving: true / predicted speed, along truth (m/s) |" in table
     assert table in proc.stdout
     assert "| temporal | 1 frame(s) |" in table and "| no_history | none |" in table
     assert f"| {runs['temporal']['mAP']:.4f} |" in table
