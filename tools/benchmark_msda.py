@@ -170,8 +170,10 @@ def queued_ms(runner: Runner, device: str) -> float:
 
     On an accelerator the host runs ahead of the device as it does in training, so this is
     the larger of the device's time and the host's launch overhead; a single synced call
-    (``fwd_bwd_ms``) adds the two.
+    (``fwd_bwd_ms``) adds the two. NaN on the CPU, where there is nothing to queue.
     """
+    if _accelerator(device) is None:
+        return float("nan")
     return _timed(lambda: [runner.grads() for _ in range(QUEUED_CALLS)], device) / QUEUED_CALLS
 
 
@@ -239,8 +241,7 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
         row["peak_mem_mb"] = peak_memory_mb(runners[name], device)
         row["max_abs_err"], row["max_rel_grad_err"] = errors[name]
         row["limit_ms"] = limit
-        accelerator = _accelerator(device) is not None
-        row["queued_ms"] = queued_ms(runners[name], device) if accelerator else float("nan")
+        row["queued_ms"] = queued_ms(runners[name], device)
         row["kernel_ms"] = kernel_ms(runners[name], device)
         rows.append(row)
     return derive(rows)
@@ -300,22 +301,22 @@ COLUMNS = (
 SPREAD = {key for _, key, _ in COLUMNS[:13]}
 
 
-def _cell(value, fmt: str, spread: bool) -> str:
-    """A number, or a summary of runs as 'median (min-max)' (``spread``) or its median;
-    '-' when not measured."""
-    if isinstance(value, dict):
-        if value["median"] != value["median"]:
-            return "-"
-        if not spread:
-            return f"{value['median']:{fmt}}"
-        return f"{value['median']:{fmt}} ({value['min']:{fmt}}-{value['max']:{fmt}})"
-    return "-" if value != value else f"{value:{fmt}}"
-
-
 def _measured(value) -> bool:
     """False for NaN (not measured), also as the median of a summary of runs."""
     number = value["median"] if isinstance(value, dict) else value
     return number == number
+
+
+def _cell(value, fmt: str, spread: bool) -> str:
+    """A number, or a summary of runs as 'median (min-max)' (``spread``) or its median;
+    '-' when not measured."""
+    if not _measured(value):
+        return "-"
+    if not isinstance(value, dict):
+        return f"{value:{fmt}}"
+    if not spread:
+        return f"{value['median']:{fmt}}"
+    return f"{value['median']:{fmt}} ({value['min']:{fmt}}-{value['max']:{fmt}})"
 
 
 def markdown(rows: List[dict]) -> str:

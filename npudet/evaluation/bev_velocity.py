@@ -18,6 +18,7 @@ from typing import Dict, Iterable, Tuple
 import numpy as np
 
 from ..datasets.nuscenes_attributes import MOVING_SPEED
+from .center_distance import center_distance
 
 # one frame: predicted boxes (P, 9), scores (P,), labels (P,), true boxes (N, 9), labels (N,)
 Frame = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -42,7 +43,7 @@ def velocity_by_motion(
             same = pred[pred_labels == label]
             if not len(same) or not np.isfinite(box[7:9]).all():
                 continue
-            dist = np.hypot(same[:, 0] - box[0], same[:, 1] - box[1])
+            dist = center_distance(same, box)
             if dist.min() > max_dist:
                 continue
             vel, true = same[dist.argmin(), 7:9], box[7:9]
