@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 import torch
@@ -43,7 +44,12 @@ def ring_lidar2img(num_cams: int, img_hw=IMG_HW, focal: float = 20.0) -> torch.T
     return torch.stack(mats).float()
 
 
-def small_model(impl: str = "cpu", num_cams: int = 2, two_stage: bool = False) -> BEVFormer:
+def small_model(
+    impl: str = "cpu",
+    num_cams: int = 2,
+    two_stage: bool = False,
+    history_velocity: Optional[dict] = None,
+) -> BEVFormer:
     c = 32
     bev_h = bev_w = 8
     return BEVFormer(
@@ -88,6 +94,7 @@ def small_model(impl: str = "cpu", num_cams: int = 2, two_stage: bool = False) -
             bev_w=bev_w,
             pc_range=PC_RANGE,
             two_stage=two_stage,
+            history_velocity=history_velocity,
         ),
         test_cfg=dict(max_per_img=7),
         msda=dict(impl=impl),

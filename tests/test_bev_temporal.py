@@ -131,7 +131,7 @@ def test_quarter_turn_moves_every_cell() -> None:
 def _bev(model, batch) -> torch.Tensor:
     data = model.data_preprocessor(copy.deepcopy(batch), False)
     with torch.no_grad():
-        return model.obtain_bev(data["inputs"], data["data_samples"])
+        return model.obtain_bev(data["inputs"], data["data_samples"])[0]
 
 
 def _last_frame_only(batch: dict) -> dict:

@@ -1,4 +1,4 @@
-"""The small BEV config trained end to end on the built-in set (slow: about 21 minutes)."""
+"""The small BEV config trained end to end on the built-in set (slow: about 23 minutes)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,12 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
     (log,) = glob.glob(str(work / "*" / "vis_data" / "scalars.json"))
     with open(log) as f:
         final = [json.loads(line) for line in f if "bev/mAP" in line][-1]
-    # The recipe reached mAP 0.547 (class APs 0.50-0.61); 0.2 leaves room for noise.
+    # The recipe reached mAP 0.531 (class APs 0.49-0.58); 0.2 leaves room for noise.
     assert final["bev/mAP"] >= max(0.2, 10 * before["bev/mAP"]), (before, final)
     for name in ("car", "truck", "pedestrian"):
         assert final[f"bev/AP/{name}"] > 0, (name, final)
     assert final["bev/NDS"] > before["bev/NDS"] + 0.05, (before, final)
+    # the history's velocity readout perceives motion: it reached mAVE 0.365 m/s, where
+    # models that predict ~0 for every object (no history, or temporal self-attention alone)
+    # stayed at 0.53-0.62 m/s
+    assert final["bev/mAVE"] < 0.45, final

@@ -4,6 +4,7 @@ from .box_coder import BEVBoxCoder
 from .detector import BEVDataPreprocessor, BEVFormer
 from .encoder import BEVFormerEncoder
 from .head import BEVDetrHead
+from .history_velocity import HistoryVelocity
 from .match_cost import BEVBoxL1Cost
 from .spatial_cross_attention import SpatialCrossAttention
 from .temporal_self_attention import TemporalSelfAttention
@@ -15,6 +16,7 @@ __all__ = [
     "BEVDetrHead",
     "BEVFormer",
     "BEVFormerEncoder",
+    "HistoryVelocity",
     "SpatialCrossAttention",
     "TemporalSelfAttention",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -111,21 +111,28 @@ class BEVFormer(BaseDetector):
             img_shape=tuple(int(x) for x in samples[0].metainfo["img_shape"][:2]),
         )
 
+    @staticmethod
+    def _history(geo: Dict[str, Any], t: int, prev_bev: Optional[Tensor]) -> Dict[str, Tensor]:
+        """Frame ``t``'s previous BEV and poses as the encoder and head take them, or {}."""
+        if prev_bev is None:
+            return {}
+        return dict(
+            prev_bev=prev_bev,
+            ego2global=geo["ego2global"][:, t],
+            ego2global_prev=geo["ego2global"][:, t - 1],
+            prev_valid=geo["prev_exists"][:, t],
+        )
+
     def _encode(self, imgs: Tensor, geo: Dict[str, Any], t: int, prev_bev: Optional[Tensor]):
         """BEV of frame ``t`` (B, Q, C), attending to ``prev_bev`` (frame t - 1) if given."""
-        history = {}
-        if prev_bev is not None:
-            history = dict(
-                prev_bev=prev_bev,
-                ego2global=geo["ego2global"][:, t],
-                ego2global_prev=geo["ego2global"][:, t - 1],
-                prev_valid=geo["prev_exists"][:, t],
-            )
         feats = self.extract_feat(imgs[:, t])
-        return self.encoder(feats, geo["lidar2img"][:, t], geo["img_shape"], **history)
+        return self.encoder(
+            feats, geo["lidar2img"][:, t], geo["img_shape"], **self._history(geo, t, prev_bev)
+        )
 
-    def obtain_bev(self, imgs: Tensor, samples: List[Any]) -> Tensor:
-        """imgs (B, T, Ncam, 3, H, W) -> current BEV (B, bev_h * bev_w, C)."""
+    def obtain_bev(self, imgs: Tensor, samples: List[Any]) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """imgs (B, T, Ncam, 3, H, W) -> current BEV (B, bev_h * bev_w, C) and its history:
+        dict(prev_bev, ego2global, ego2global_prev, prev_valid), {} without one."""
         geo = self._geometry(samples, imgs.device)
         last = imgs.shape[1] - 1
         prev_bev = None
@@ -136,18 +143,18 @@ class BEVFormer(BaseDetector):
                 for t in range(last):
                     prev_bev = self._encode(imgs, geo, t, prev_bev)
             self.train(was_training)
-        return self._encode(imgs, geo, last, prev_bev)
+        return self._encode(imgs, geo, last, prev_bev), self._history(geo, last, prev_bev)
 
     def loss(self, batch_inputs: Tensor, batch_data_samples: List[Any]) -> Dict[str, Tensor]:
         """Losses of every decoder layer (``loss_cls``, ``loss_bbox``, ``d{i}.*``)."""
-        bev = self.obtain_bev(batch_inputs, batch_data_samples)
+        bev, history = self.obtain_bev(batch_inputs, batch_data_samples)
         gt = [s.gt_instances_3d for s in batch_data_samples]
-        return self.bbox_head.loss(bev, gt)
+        return self.bbox_head.loss(bev, gt, **history)
 
     def predict(self, batch_inputs: Tensor, batch_data_samples: List[Any]) -> List[Any]:
         """Sets ``pred_instances_3d`` (bboxes_3d (K, 9), scores_3d, labels_3d) on each sample."""
-        bev = self.obtain_bev(batch_inputs, batch_data_samples)
-        for sample, result in zip(batch_data_samples, self.bbox_head.predict(bev)):
+        bev, history = self.obtain_bev(batch_inputs, batch_data_samples)
+        for sample, result in zip(batch_data_samples, self.bbox_head.predict(bev, **history)):
             sample.pred_instances_3d = result
         return batch_data_samples
 
@@ -155,4 +162,5 @@ class BEVFormer(BaseDetector):
         self, batch_inputs: Tensor, batch_data_samples: Union[List[Any], None] = None
     ) -> Any:
         """Raw head outputs (per-layer logits and codes)."""
-        return self.bbox_head(self.obtain_bev(batch_inputs, batch_data_samples or []))
+        bev, history = self.obtain_bev(batch_inputs, batch_data_samples or [])
+        return self.bbox_head(bev, **history)

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ..layers import convert_msda
 from .box_coder import CODE_SIZE, BEVBoxCoder
+from .history_velocity import HistoryVelocity
 from .temporal_self_attention import bev_reference_points
 
 
@@ -68,6 +69,11 @@ class BEVDetrHead(BaseModule):
     content is the proposal's feature and whose positional query is an MLP of the
     sine embedding of its current reference point (Deformable DETR two-stage / DINO).
 
+    ``history_velocity``: dict of :class:`HistoryVelocity` options (window, step, dims,
+    hidden) or None. Given, each decoder layer's velocity comes from that readout of the
+    ego-motion-aligned previous BEV (the current BEV stands in without one) around the
+    layer's refined centre instead of from its regression branch.
+
     ``loss_cls`` defaults to :func:`default_loss_cls`, ``loss_bbox`` to
     ``L1Loss(loss_weight=0.25)``, ``train_cfg`` to :func:`default_train_cfg`,
     ``test_cfg`` to ``dict(max_per_img=100)``.
@@ -88,6 +94,7 @@ class BEVDetrHead(BaseModule):
         pc_range: Sequence[float] = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0),
         code_weights: Sequence[float] = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2),
         two_stage: bool = False,
+        history_velocity: Optional[dict] = None,
         loss_cls: Optional[dict] = None,
         loss_bbox: Optional[dict] = None,
         train_cfg: Optional[dict] = None,
@@ -112,6 +119,11 @@ class BEVDetrHead(BaseModule):
         self.assigner = TASK_UTILS.build(train_cfg["assigner"])
         self.test_cfg = {"max_per_img": 100, **(test_cfg or {})}
         self.two_stage = two_stage
+        self.history_velocity = (
+            HistoryVelocity(embed_dims, pc_range, **history_velocity)
+            if history_velocity is not None
+            else None
+        )
         if two_stage:
             self.memory_proj = nn.Sequential(
                 nn.Linear(embed_dims, embed_dims), nn.LayerNorm(embed_dims)
@@ -177,12 +189,24 @@ class BEVDetrHead(BaseModule):
         query = memory.gather(1, top[..., None].expand(-1, -1, memory.shape[-1])).detach()
         return query, self.positional_query(ref), ref, [logits, codes]
 
-    def forward(self, bev: Tensor) -> Tuple[List[Tensor], List[Tensor]]:
+    def forward(
+        self,
+        bev: Tensor,
+        prev_bev: Optional[Tensor] = None,
+        ego2global: Optional[Tensor] = None,
+        ego2global_prev: Optional[Tensor] = None,
+        prev_valid: Optional[Tensor] = None,
+    ) -> Tuple[List[Tensor], List[Tensor]]:
         """bev (B, Q, C) -> per layer: logits (B, nq, K), codes (B, nq, 10).
 
         With ``two_stage`` the lists start with the proposals (B, Q, K), (B, Q, 10).
+        The previous frame (``prev_bev`` (B, Q, C), poses (B, 4, 4), ``prev_valid`` (B,))
+        is read by ``history_velocity`` only; without it the current BEV stands in.
         """
         query, pos, ref, enc = self.initial_queries(bev)
+        history = bev if prev_bev is None else prev_bev
+        if prev_bev is not None and prev_valid is not None:
+            history = torch.where(prev_valid.view(-1, 1, 1), prev_bev, bev)
         all_cls, all_codes = enc[:1], enc[1:]
         shapes = torch.tensor([self.bev_hw], dtype=torch.long, device=bev.device)
         for i, (layer, cls_b, reg_b) in enumerate(
@@ -199,6 +223,17 @@ class BEVDetrHead(BaseModule):
                 level_start_index=shapes.new_zeros(1),
             )
             codes = refine_codes(ref, reg_b(query))
+            if self.history_velocity is not None:
+                velocity = self.history_velocity(
+                    query,
+                    codes[..., :2],
+                    history,
+                    self.bev_hw,
+                    ego2global,
+                    ego2global_prev,
+                    prev_valid,
+                )
+                codes = torch.cat([codes[..., :8], velocity], -1)
             all_cls.append(cls_b(query))
             all_codes.append(codes)
             ref = codes[..., :2].detach()
@@ -245,9 +280,10 @@ class BEVDetrHead(BaseModule):
         )
         return loss_cls, loss_bbox
 
-    def loss(self, bev: Tensor, gt: List[InstanceData]) -> Dict[str, Tensor]:
-        """Losses of every decoder layer; ``gt``: InstanceData with bboxes_3d (N, 9), labels_3d."""
-        all_cls, all_codes = self(bev)
+    def loss(self, bev: Tensor, gt: List[InstanceData], **history: Tensor) -> Dict[str, Tensor]:
+        """Losses of every decoder layer; ``gt``: InstanceData with bboxes_3d (N, 9), labels_3d;
+        ``history``: the previous frame as :meth:`forward` takes it."""
+        all_cls, all_codes = self(bev, **history)
         losses: Dict[str, Tensor] = {}
         prefixes = ["enc."] * self.two_stage + [f"d{i}." for i in range(len(self.decoder) - 1)]
         for prefix, logits, codes in zip(prefixes + [""], all_cls, all_codes):
@@ -256,10 +292,10 @@ class BEVDetrHead(BaseModule):
             )
         return losses
 
-    def predict(self, bev: Tensor) -> List[InstanceData]:
+    def predict(self, bev: Tensor, **history: Tensor) -> List[InstanceData]:
         """Top ``test_cfg['max_per_img']`` (query, class) pairs of the last layer by sigmoid
-        score, per sample."""
-        all_cls, all_codes = self(bev)
+        score, per sample; ``history`` as :meth:`forward` takes it."""
+        all_cls, all_codes = self(bev, **history)
         logits, codes = all_cls[-1], all_codes[-1]
         results = []
         k = min(self.test_cfg["max_per_img"], logits.shape[1] * logits.shape[2])

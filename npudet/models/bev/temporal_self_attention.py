@@ -23,17 +23,18 @@ def bev_reference_points(bev_h: int, bev_w: int, device: torch.device) -> Tensor
 def prev_reference_points(
     ref: Tensor, ego2global_cur: Tensor, ego2global_prev: Tensor, pc_range: Sequence[float]
 ) -> Tensor:
-    """Current cells (Q, 2) normalised, moved into the previous ego frame: (B, Q, 2).
+    """Current points (Q, 2) or (B, Q, 2) normalised, moved into the previous ego frame:
+    (B, Q, 2).
 
-    Uses ``inv(ego2global_prev) @ ego2global_cur`` (B, 4, 4) on the cells' ground points.
+    Uses ``inv(ego2global_prev) @ ego2global_cur`` (B, 4, 4) on the points on the ground.
     """
     x0, y0, _, x1, y1, _ = pc_range
     span = ref.new_tensor([x1 - x0, y1 - y0])
     lo = ref.new_tensor([x0, y0])
-    xy = ref * span + lo
-    pts = torch.cat([xy, xy.new_zeros(xy.shape[0], 1), xy.new_ones(xy.shape[0], 1)], -1)
+    xy = (ref * span + lo).expand(ego2global_cur.shape[0], *ref.shape[-2:])
+    pts = torch.cat([xy, xy.new_zeros(*xy.shape[:2], 1), xy.new_ones(*xy.shape[:2], 1)], -1)
     cur2prev = torch.linalg.solve(ego2global_prev.double(), ego2global_cur.double()).to(ref)
-    moved = torch.einsum("bij,qj->bqi", cur2prev, pts)[..., :2]
+    moved = torch.einsum("bij,bqj->bqi", cur2prev, pts)[..., :2]
     return (moved - lo) / span
 
 
