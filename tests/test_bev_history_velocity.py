@@ -31,11 +31,13 @@ def coordinate_readout(window: int = 3, step: float = 1.0) -> HistoryVelocity:
     return hv
 
 
-def coordinate_bev() -> torch.Tensor:
-    """(1, H * W, 2): each cell holds its centre's (x, y) in metres."""
+def coordinate_map(hv: HistoryVelocity, batch: int = 1) -> torch.Tensor:
+    """The readout's map (batch, 2, H, W) of a BEV whose cells hold their centre's (x, y) in
+    metres."""
     x0, y0, _, x1, y1, _ = PC_RANGE
     ref = bev_reference_points(*BEV_HW, torch.device("cpu"))
-    return (ref * torch.tensor([x1 - x0, y1 - y0]) + torch.tensor([x0, y0]))[None]
+    bev = (ref * torch.tensor([x1 - x0, y1 - y0]) + torch.tensor([x0, y0]))[None]
+    return hv.project(bev.expand(batch, -1, -1), BEV_HW)
 
 
 def to_uv(xy: torch.Tensor) -> torch.Tensor:
@@ -46,7 +48,7 @@ def to_uv(xy: torch.Tensor) -> torch.Tensor:
 def test_window_points_in_row_major_order() -> None:
     hv = coordinate_readout(window=3, step=1.5)
     centre = torch.tensor([[[1.2, -2.3]]])
-    got = hv.window(to_uv(centre), coordinate_bev(), BEV_HW)[0, 0]
+    got = hv.window(to_uv(centre), coordinate_map(hv))[0, 0]
     d = torch.tensor([-1.5, 0.0, 1.5])
     dy, dx = torch.meshgrid(d, d, indexing="ij")
     expected = centre[0] + torch.stack([dx, dy], -1).view(-1, 2)
@@ -61,7 +63,7 @@ def test_static_point_at_the_centre_after_ego_move_and_turn() -> None:
     world = torch.tensor([[14.0, 8.0, 0.0, 1.0]], dtype=torch.float64).T
     in_cur = (torch.linalg.inv(cur[0]) @ world)[:2, 0].float()
     in_prev = (torch.linalg.inv(prev[0]) @ world)[:2, 0].float()
-    got = hv.window(to_uv(in_cur[None, None]), coordinate_bev(), BEV_HW, cur, prev)[0, 0]
+    got = hv.window(to_uv(in_cur[None, None]), coordinate_map(hv), cur, prev)[0, 0]
     torch.testing.assert_close(got[12], in_prev, atol=1e-4, rtol=0)  # the window's centre
     # an object now at in_cur that moved (+1, -2) m in the current ego frame since the
     # previous frame was at in_cur - (1, -2): the window point at offset (-1, +2)
@@ -77,8 +79,7 @@ def test_without_a_previous_frame_the_window_stays_put() -> None:
     valid = torch.tensor([True, False])
     got = hv.window(
         centre,
-        coordinate_bev().expand(2, -1, -1),
-        BEV_HW,
+        coordinate_map(hv, 2),
         cur.expand(2, -1, -1),
         prev.expand(2, -1, -1),
         valid,

@@ -171,10 +171,8 @@ class BEVFormerEncoder(BaseModule):
         if ego2global is None or ego2global_prev is None:
             return BEVGeometry(ref, still, (self.bev_h, self.bev_w))
         ref_prev = prev_reference_points(
-            ref, ego2global.to(device), ego2global_prev.to(device), self.pc_range
+            ref, ego2global.to(device), ego2global_prev.to(device), self.pc_range, prev_valid
         )
-        if prev_valid is not None:
-            ref_prev = torch.where(prev_valid.to(device).view(batch, 1, 1), ref_prev, still)
         return BEVGeometry(ref, ref_prev, (self.bev_h, self.bev_w))
 
     def forward(

@@ -204,9 +204,8 @@ class BEVDetrHead(BaseModule):
         is read by ``history_velocity`` only; without it the current BEV stands in.
         """
         query, pos, ref, enc = self.initial_queries(bev)
-        history = bev if prev_bev is None else prev_bev
-        if prev_bev is not None and prev_valid is not None:
-            history = torch.where(prev_valid.view(-1, 1, 1), prev_bev, bev)
+        if self.history_velocity is not None:
+            history = self.history_velocity.project(bev, self.bev_hw, prev_bev, prev_valid)
         all_cls, all_codes = enc[:1], enc[1:]
         shapes = torch.tensor([self.bev_hw], dtype=torch.long, device=bev.device)
         for i, (layer, cls_b, reg_b) in enumerate(
@@ -225,13 +224,7 @@ class BEVDetrHead(BaseModule):
             codes = refine_codes(ref, reg_b(query))
             if self.history_velocity is not None:
                 velocity = self.history_velocity(
-                    query,
-                    codes[..., :2],
-                    history,
-                    self.bev_hw,
-                    ego2global,
-                    ego2global_prev,
-                    prev_valid,
+                    query, codes[..., :2], history, ego2global, ego2global_prev, prev_valid
                 )
                 codes = torch.cat([codes[..., :8], velocity], -1)
             all_cls.append(cls_b(query))

@@ -50,42 +50,50 @@ class HistoryVelocity(BaseModule):
         self.proj = nn.Linear(embed_dims, dims)
         self.mlp = MLP(embed_dims + window * window * dims, hidden, 2, 2)
 
+    def project(
+        self,
+        bev: Tensor,
+        bev_hw: Tuple[int, int],
+        prev_bev: Optional[Tensor] = None,
+        prev_valid: Optional[Tensor] = None,
+    ) -> Tensor:
+        """The map the readout samples, (B, dims, H, W): ``prev_bev`` (B, H * W, C) projected,
+        the current ``bev`` (B, H * W, C) standing in without one or where ``prev_valid``
+        (B,) is False."""
+        history = bev if prev_bev is None else prev_bev
+        if prev_bev is not None and prev_valid is not None:
+            history = torch.where(prev_valid.view(-1, 1, 1), prev_bev, bev)
+        return self.proj(history).transpose(1, 2).reshape(bev.shape[0], -1, *bev_hw)
+
     def window(
         self,
         centres: Tensor,
-        prev_bev: Tensor,
-        bev_hw: Tuple[int, int],
+        history: Tensor,
         ego2global: Optional[Tensor] = None,
         ego2global_prev: Optional[Tensor] = None,
         prev_valid: Optional[Tensor] = None,
     ) -> Tensor:
-        """The projected previous BEV (B, H * W, C) on each centre's window: centres (B, M, 2)
-        normalised (u, v) in the current frame, poses (B, 4, 4); without them (or where
-        ``prev_valid`` (B,) is False) it is read at the current positions.
+        """``history`` (B, dims, H, W) from :meth:`project` on each centre's window: centres
+        (B, M, 2) normalised (u, v) in the current frame, poses (B, 4, 4); without them (or
+        where ``prev_valid`` (B,) is False) it is read at the current positions.
         Returns (B, M, window * window, dims), points in row-major (y, x) order."""
         b, m, _ = centres.shape
         k = self.offsets.shape[0]
         pts = (centres.detach()[:, :, None] + self.offsets.to(centres)).view(b, m * k, 2)
         if ego2global is not None and ego2global_prev is not None:
-            moved = prev_reference_points(pts, ego2global, ego2global_prev, self.pc_range)
-            if prev_valid is not None:
-                moved = torch.where(prev_valid.view(b, 1, 1), moved, pts)
-            pts = moved
-        h, w = bev_hw
-        feats = self.proj(prev_bev).transpose(1, 2).reshape(b, -1, h, w)
-        samples = F.grid_sample(feats, pts[:, :, None] * 2 - 1, align_corners=False)
+            pts = prev_reference_points(pts, ego2global, ego2global_prev, self.pc_range, prev_valid)
+        samples = F.grid_sample(history, pts[:, :, None] * 2 - 1, align_corners=False)
         return samples.view(b, -1, m, k).permute(0, 2, 3, 1)
 
     def forward(
         self,
         query: Tensor,
         centres: Tensor,
-        prev_bev: Tensor,
-        bev_hw: Tuple[int, int],
+        history: Tensor,
         ego2global: Optional[Tensor] = None,
         ego2global_prev: Optional[Tensor] = None,
         prev_valid: Optional[Tensor] = None,
     ) -> Tensor:
         """query (B, M, C) and the arguments of :meth:`window` -> velocity (B, M, 2)."""
-        samples = self.window(centres, prev_bev, bev_hw, ego2global, ego2global_prev, prev_valid)
+        samples = self.window(centres, history, ego2global, ego2global_prev, prev_valid)
         return self.mlp(torch.cat([query, samples.flatten(2)], -1))

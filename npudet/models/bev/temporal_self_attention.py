@@ -21,12 +21,17 @@ def bev_reference_points(bev_h: int, bev_w: int, device: torch.device) -> Tensor
 
 
 def prev_reference_points(
-    ref: Tensor, ego2global_cur: Tensor, ego2global_prev: Tensor, pc_range: Sequence[float]
+    ref: Tensor,
+    ego2global_cur: Tensor,
+    ego2global_prev: Tensor,
+    pc_range: Sequence[float],
+    prev_valid: Optional[Tensor] = None,
 ) -> Tensor:
     """Current points (Q, 2) or (B, Q, 2) normalised, moved into the previous ego frame:
     (B, Q, 2).
 
-    Uses ``inv(ego2global_prev) @ ego2global_cur`` (B, 4, 4) on the points on the ground.
+    Uses ``inv(ego2global_prev) @ ego2global_cur`` (B, 4, 4) on the points on the ground;
+    the points of samples whose ``prev_valid`` (B,) is False stay where they are.
     """
     x0, y0, _, x1, y1, _ = pc_range
     span = ref.new_tensor([x1 - x0, y1 - y0])
@@ -34,8 +39,10 @@ def prev_reference_points(
     xy = (ref * span + lo).expand(ego2global_cur.shape[0], *ref.shape[-2:])
     pts = torch.cat([xy, xy.new_zeros(*xy.shape[:2], 1), xy.new_ones(*xy.shape[:2], 1)], -1)
     cur2prev = torch.linalg.solve(ego2global_prev.double(), ego2global_cur.double()).to(ref)
-    moved = torch.einsum("bij,bqj->bqi", cur2prev, pts)[..., :2]
-    return (moved - lo) / span
+    moved = (torch.einsum("bij,bqj->bqi", cur2prev, pts)[..., :2] - lo) / span
+    if prev_valid is None:
+        return moved
+    return torch.where(prev_valid.to(moved.device).view(-1, 1, 1), moved, ref.expand_as(moved))
 
 
 @MODELS.register_module()
