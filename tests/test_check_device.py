@@ -49,7 +49,7 @@ def test_fast_run_finds_every_cpu_implementation_correct(fast_report):
             assert row["correct"] or "max relative error grad" in row["error"]
             continue
         assert row["correct"], (row["impl"], row["dtype"], row["error"])
-        assert all(case["ok"] for case in row["cases"])
+        assert {case["status"] for case in row["cases"]} <= {"passed", "declined"}
     dtypes = {(row["impl"], row["dtype"]) for row in ran}
     for name in checked - {"triton"}:
         assert {(name, d) for d in ("float16", "bfloat16", "float32", "float64")} <= dtypes
@@ -57,6 +57,32 @@ def test_fast_run_finds_every_cpu_implementation_correct(fast_report):
         if row["impl"] == "triton":  # the interpreter is a test path, not a CPU kernel
             assert row["declined"] and "interpreter" in row["declined"][0]
     assert "recommended auto order" in stdout and report["seconds"] < 60
+
+
+def test_declined_cases_are_counted_apart_never_as_passes(fast_report):
+    """grid_sample propagates NaN locations: that case is declined, in every dtype."""
+    report, _, stdout = fast_report
+    total = len(devcheck.PARITY_CASES)
+    for row in report["parity"]:
+        if row["impl"] == "grid_sample" and row["correct"]:
+            cases = {case["case"]: case for case in row["cases"]}
+            assert cases["nan-locations"]["status"] == "declined"
+            assert cases["nan-locations"]["out_err"] is None  # not run
+            assert row["counts"] == {"passed": total - 1, "failed": 0, "declined": 1}
+    table = {(r["impl"], r["dtype"]): r for r in report["verdict"]["table"]}
+    assert table[("grid_sample", "float32")]["cases"] == (
+        f"{total - 1} passed, 1 declined (nan-locations)"
+    )
+    assert table[("cpu", "float32")]["cases"] == f"{total} passed"
+    assert f"| {total - 1} passed, 1 declined (nan-locations) |" in stdout
+
+
+def test_saved_records_carry_the_key_of_the_checking_process(fast_report):
+    report, path, _ = fast_report
+    for row in report["parity"]:
+        assert row["key"]["torch"] == torch.__version__ and len(row["key"]["sources"]) == 16
+    record = verification.recorded("cpu", device_name("cpu"), "cpu", "float32", path=str(path))
+    assert record.key["isa"] and not verification.stale_reasons(record, "cpu")
 
 
 def test_fast_run_times_and_ranks_the_correct_implementations(fast_report):
@@ -108,6 +134,7 @@ def test_a_crashing_or_wrong_implementation_is_a_verdict_not_an_abort(monkeypatc
         monkeypatch.setitem(_REGISTRY, impl.NAME, impl)
     crashed = devcheck.check_parity("test_crashing", "cpu", torch.float32, cases=["basic"])
     assert not crashed.correct and "RuntimeError: kernel exploded" in crashed.error
+    assert crashed.counts == {"passed": 0, "failed": 1, "declined": 0}
     wrong = devcheck.check_parity("test_wrong", "cpu", torch.float32, cases=["basic", "dim-3"])
     assert not wrong.correct and "max relative error" in wrong.error
     assert [c.case for c in wrong.cases] == ["basic", "dim-3"]
@@ -121,8 +148,33 @@ def test_cases_outside_declared_limits_are_declined_not_failed():
 
     with assume_packages({"torch_npu": "2.6.0", "mmcv": "2.2.0", "mmcv._ext": ""}):
         case = devcheck.check_case("npu_vendor", "npu", torch.float32, "dim-3")
-    assert case.ok and any("head_dim 3 < 32" in r for r in case.declined)
+    assert case.status == devcheck.DECLINED and any("head_dim 3 < 32" in r for r in case.declined)
     assert case.out_err is None
+
+
+class _Picky(MSDAImpl):
+    """gather that declines head_dim 3 (as a vendor kernel with a minimum would)."""
+
+    NAME = "test_picky"
+    DEVICES = ("cpu",)
+
+    def not_supported_reasons(self, inputs):
+        return ["head_dim 3 < 8"] if inputs.head_dim == 3 else []
+
+    def forward(self, *args):
+        return get_impl("gather").forward(*args)
+
+
+def test_an_implementation_that_declines_every_case_is_declined_not_correct(monkeypatch):
+    monkeypatch.setitem(_REGISTRY, _Picky.NAME, _Picky())
+    some = devcheck.check_parity("test_picky", "cpu", torch.float32, cases=["basic", "dim-3"])
+    assert some.correct and some.counts == {"passed": 1, "failed": 0, "declined": 1}
+    assert devcheck.case_summary(some.to_json()) == "1 passed, 1 declined (dim-3)"
+    none = devcheck.check_parity("test_picky", "cpu", torch.float32, cases=["dim-3"])
+    assert not none.correct and none.declined == ["head_dim 3 < 8"]
+    assert none.error == "declined" and devcheck.case_summary(none.to_json()) == (
+        "1 declined (dim-3)"
+    )
 
 
 def test_unavailable_device_is_refused_with_its_reason(capsys):

@@ -210,24 +210,33 @@ def test_record_file_round_trip(fresh):
     _save(Record("triton", "float32", True, "", 2.9, "ddetr-enc"))  # replaces the first
     data = verification.load_records()
     key = verification.device_key("cuda", "Test GPU")
-    assert key == f"cuda|Test GPU|torch {torch.__version__}"
+    assert key == "cuda|Test GPU"
+    stamp = verification.fingerprint("triton", "cuda")  # versions, sources: in each record
+    assert stamp["torch"] == torch.__version__
     assert data["devices"][key]["records"]["triton"] == {
-        "float32": {"correct": True, "error": "", "fwd_bwd_ms": 2.9, "case": "ddetr-enc"},
+        "float32": {
+            "correct": True,
+            "error": "",
+            "fwd_bwd_ms": 2.9,
+            "case": "ddetr-enc",
+            "key": stamp,
+        },
         "float16": {
             "correct": False,
             "error": "grad value: non-finite values",
             "fwd_bwd_ms": None,
             "case": "",
+            "key": stamp,
         },
     }
     assert verification.recorded("cuda", "Test GPU", "triton", torch.float16) == Record(
-        "triton", "float16", False, "grad value: non-finite values"
+        "triton", "float16", False, "grad value: non-finite values", key=stamp
     )
 
 
 def test_record_file_of_another_format_is_refused(fresh):
     fresh.write_text('{"version": 0}')
-    with pytest.raises(ValueError, match="verification file of version 1"):
+    with pytest.raises(ValueError, match="verification file of version 2"):
         verification.load_records()
 
 

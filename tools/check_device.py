@@ -78,12 +78,13 @@ def parity(device: str, impls: List[str]) -> List[dict]:
         for dtype in get_impl(name).DTYPES:
             result = devcheck.check_parity(name, device, dtype)
             results.append(result.to_json())
+            summary = devcheck.case_summary(result.to_json())
             if result.correct:
-                state = "ok"
+                state = f"ok: {summary}"
             elif result.declined:
                 state = f"declined: {'; '.join(result.declined)}"
             else:
-                state = f"FAILED: {result.error}"
+                state = f"FAILED ({summary}): {result.error}"
             print(
                 f"[check] {name} {devcheck.dtype_name(dtype)} on {device} "
                 f"({result.seconds:.1f} s): {state}",
@@ -140,6 +141,7 @@ def run_parity(args: argparse.Namespace, impls: List[str]) -> List[dict]:
                         "error": part["error"],
                         "declined": [],
                         "cases": [],
+                        "counts": {},
                     }
                 )
         else:
@@ -217,10 +219,12 @@ def verdicts(parity_rows: List[dict], bench: dict) -> Dict[str, object]:
                 "impl": row["impl"],
                 "dtype": row["dtype"],
                 "correct": row["correct"],
+                "cases": devcheck.case_summary(row),
                 "error": row["error"],
                 "case": primary if ms is not None else "",
                 "fwd_bwd_ms": ms,
                 "speedup": base / ms if ms and base else None,
+                "key": row.get("key"),
             }
         )
     correct32 = {r["impl"] for r in table if r["dtype"] == "float32" and r["correct"]}
@@ -229,23 +233,28 @@ def verdicts(parity_rows: List[dict], bench: dict) -> Dict[str, object]:
 
 
 def verdict_lines(verdict: dict) -> List[str]:
+    """The verdict table: correct only where every case run passed; declined cases counted
+    apart (they were not run)."""
     lines = [
-        f"| impl | dtype | correct | fwd+bwd ms ({verdict['case']}) | x {BASELINE} | error |",
-        "|---|---|---|---:|---:|---|",
+        f"| impl | dtype | correct | cases | fwd+bwd ms ({verdict['case']}) | x {BASELINE} "
+        "| error |",
+        "|---|---|---|---|---:|---:|---|",
     ]
     for r in verdict["table"]:
         ms = f"{r['fwd_bwd_ms']:.2f}" if r["fwd_bwd_ms"] is not None else "-"
         speed = f"{r['speedup']:.1f}" if r["speedup"] is not None else "-"
+        correct = "yes" if r["correct"] else "NO"
         lines.append(
-            f"| {r['impl']} | {r['dtype']} | {'yes' if r['correct'] else 'NO'} | {ms} "
-            f"| {speed} | {r['error'][:120]} |"
+            f"| {r['impl']} | {r['dtype']} | {correct} | {r['cases']} | {ms} | {speed} "
+            f"| {r['error'][:120]} |"
         )
     lines.append(f"recommended auto order: {', '.join(verdict['recommended_auto_order']) or '-'}")
     return lines
 
 
 def save(device: str, verdict: dict) -> str:
-    """Record every checked (impl, dtype) verdict, with its time, for ``auto``."""
+    """Record every checked (impl, dtype) verdict, with its time, for ``auto``, keyed by
+    the fingerprint of the process that checked it (this one's where none came back)."""
     records = [
         verification.Record(
             impl=r["impl"],
@@ -254,6 +263,7 @@ def save(device: str, verdict: dict) -> str:
             error=r["error"],
             fwd_bwd_ms=r["fwd_bwd_ms"],
             case=r["case"],
+            key=r.get("key"),
         )
         for r in verdict["table"]
     ]

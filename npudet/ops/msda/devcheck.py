@@ -6,9 +6,13 @@ with ``grid_sample`` computed on the CPU in float64 from the same (dtype-rounded
 Errors are relative to the largest reference magnitude (at least 1), with the tolerances
 per dtype of ``auto``'s own check (``verification.TOLERANCE``); the cases add what that
 single small call does not reach (levels of 1x1 and five levels, one head, head_dim 3 and
-33, one point, one query, locations far outside, NaN and infinite locations). A crash is a
-failed case, never an exception; a case outside an implementation's declared limits is
-reported as declined, not run.
+33, one point, one query, locations far outside, NaN and infinite locations).
+
+Each case has one of three verdicts: ``passed``, ``failed`` (errors above the tolerance, or
+a crash: a verdict, never an exception) or ``declined`` (outside the implementation's
+declared limits, or a case the reference itself cannot answer: not run, never counted as
+passed). An implementation is ``correct`` in a dtype when every case it ran passed and it
+ran at least one; the counts say how many it declined.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ import torch
 from .api import multi_scale_deformable_attn
 from .inputs import validate_inputs
 from .registry import get_impl
-from .verification import TOLERANCE, dtype_name
+from .verification import TOLERANCE, dtype_name, fingerprint
 
 REFERENCE = "grid_sample"
+PASSED, FAILED, DECLINED = "passed", "failed", "declined"
 
 # Keyword arguments of ``small_inputs``: the edge cases of the parity tests, tiny shapes.
 # The first is within every implementation's declared limits (vendor kernels included).
@@ -54,13 +59,14 @@ Inputs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 
 @dataclass
 class CaseResult:
-    """One case: largest relative errors of the output and of the three gradients.
+    """One case: its verdict (``PASSED``, ``FAILED`` or ``DECLINED``) and the largest
+    relative errors of the output and of the three gradients.
 
-    ``declined``: the implementation's reasons for not taking the case (then not run).
+    ``declined``: the reasons for not running the case (``status`` is then ``DECLINED``).
     """
 
     case: str
-    ok: bool
+    status: str
     out_err: Optional[float] = None
     grad_err: Optional[float] = None
     error: str = ""
@@ -69,10 +75,12 @@ class CaseResult:
 
 @dataclass
 class ParityResult:
-    """Verdict of one (implementation, device, dtype): ``correct`` when every case passed.
+    """Verdict of one (implementation, device, dtype): ``correct`` when every case it ran
+    passed and it ran at least one.
 
     ``declined`` lists the implementation's own reasons for not taking such inputs (then
-    nothing ran and ``correct`` is False).
+    nothing ran and ``correct`` is False). ``counts``: cases per verdict. ``key``: the
+    implementation's ``verification.fingerprint`` in the process that ran it.
     """
 
     impl: str
@@ -83,9 +91,21 @@ class ParityResult:
     declined: List[str] = field(default_factory=list)
     seconds: float = 0.0
     cases: List[CaseResult] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)
+    key: Optional[Dict[str, Optional[str]]] = None
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def case_summary(row: dict) -> str:
+    """``"16 passed, 1 declined (nan-locations)"`` from a ``ParityResult.to_json()``."""
+    counts = row.get("counts") or {}
+    parts = [f"{counts[s]} {s}" for s in (PASSED, FAILED, DECLINED) if counts.get(s)]
+    names = [c["case"] for c in row.get("cases", ()) if c["status"] == DECLINED]
+    if names:
+        parts[-1] += f" ({', '.join(names)})"
+    return ", ".join(parts) or "no case run"
 
 
 def level_layout(shapes: Sequence[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, int]:
@@ -167,7 +187,7 @@ def check_case(impl: str, device: str, dtype: torch.dtype, case: str) -> CaseRes
         if kwargs.get("nan") and impl == REFERENCE:
             declined.append("F.grid_sample propagates NaN locations into the output")
         if declined:
-            return CaseResult(case, True, declined=declined)
+            return CaseResult(case, DECLINED, declined=declined)
         reference_inputs = [t.double() if t.is_floating_point() else t for t in rounded]
         if kwargs.get("nan"):
             # Outside the map contributes exactly zero, like NaN / infinite locations.
@@ -179,16 +199,16 @@ def check_case(impl: str, device: str, dtype: torch.dtype, case: str) -> CaseRes
         want = _run(REFERENCE, tuple(reference_inputs), grad.double(), "cpu")
         got = _run(impl, rounded, grad, device)
     except Exception as exc:  # any failure of the implementation is a verdict, not a crash
-        return CaseResult(case, False, error=f"{type(exc).__name__}: {exc}"[:500])
+        return CaseResult(case, FAILED, error=f"{type(exc).__name__}: {exc}"[:500])
     checked = [0, 1, 3] if kwargs.get("nan") else [0, 1, 2, 3]  # NaN location grads: any
     if got[0].dtype != dtype:
-        return CaseResult(case, False, error=f"output dtype {got[0].dtype}, expected {dtype}")
+        return CaseResult(case, FAILED, error=f"output dtype {got[0].dtype}, expected {dtype}")
     errors = {_NAMES[i]: _relative_error(got[i], want[i]) for i in checked}
     tol = TOLERANCE[dtype]
     bad = ", ".join(f"{name} {err:.2e}" for name, err in errors.items() if not err <= tol)
     error = f"max relative error {bad} > {tol:.0e}" if bad else ""
     grad_err = max(err for name, err in errors.items() if name != _NAMES[0])
-    return CaseResult(case, not bad, errors[_NAMES[0]], grad_err, error)
+    return CaseResult(case, FAILED if bad else PASSED, errors[_NAMES[0]], grad_err, error)
 
 
 def check_parity(
@@ -198,24 +218,33 @@ def check_parity(
     start = time.perf_counter()
     name = dtype_name(dtype)
     try:
+        key = fingerprint(impl, device)
         probe = small_inputs(**PARITY_CASES[PROBE_CASE])
         rounded = tuple(t.to(dtype) if t.is_floating_point() else t for t in probe)
         declined = _declined(impl, device, rounded)
     except Exception as exc:
         return ParityResult(impl, device, name, False, f"{type(exc).__name__}: {exc}"[:500])
     if declined:
-        return ParityResult(impl, device, name, False, "declined", declined=list(declined))
+        return ParityResult(
+            impl, device, name, False, "declined", declined=list(declined), key=dict(key)
+        )
     results = [check_case(impl, device, dtype, case) for case in (cases or PARITY_CASES)]
-    failed = [r for r in results if not r.ok]
+    counts = {s: sum(r.status == s for r in results) for s in (PASSED, FAILED, DECLINED)}
+    failed = [r for r in results if r.status == FAILED]
     error = "; ".join(f"{r.case}: {r.error}" for r in failed[:3])
     if len(failed) > 3:
         error += f"; and {len(failed) - 3} more cases"
+    # Every case declined: the dtype is declined as a whole, with the cases' reasons.
+    declined = [] if counts[PASSED] or failed else sorted({d for r in results for d in r.declined})
     return ParityResult(
         impl,
         device,
         name,
-        not failed,
-        error,
+        counts[PASSED] > 0 and not failed,
+        "declined" if declined else error,
+        declined=declined,
         seconds=time.perf_counter() - start,
         cases=results,
+        counts=counts,
+        key=dict(key),
     )

@@ -4,7 +4,13 @@ The first time ``auto`` would hand a call on (device type, dtype) to an implemen
 it asks ``verdict``: "" (trusted) or why not. The answer comes from, in order:
 
 1. this process's earlier verdict for (device type, implementation, dtype);
-2. a record written by ``tools/check_device.py --save`` for this device and torch version;
+2. a record written by ``tools/check_device.py --save`` for this device, if it is current:
+   its key (``fingerprint``) must equal this process's. The key holds everything that
+   changes the answer: a hash of the sources the implementation runs (its modules, the C++
+   kernel, the Triton kernels and launch planners), the CPU kernel's instruction-set
+   variant, the torch / triton / triton-ascend / mmcv / mx_driving / torch_npu versions and
+   the device's driver (the device name is in the file's device key). A stale record is
+   ignored with one log line naming what changed, and the implementation is checked again;
 3. ``check_impl``: one small call (bs 2, levels 6x4 and 3x2, 32 queries, 4 heads, head_dim
    32, 4 points, some points off the map), forward and the gradients of value, locations
    and weights, against ``grid_sample`` computed in float64 on the CPU from the same
@@ -22,7 +28,9 @@ On the CPU ``cpu`` and ``gather`` are checked like every other implementation: t
 kernel is compiled on the user's machine for its instruction set, which no test suite run
 elsewhere has seen. A process checks the one it uses per dtype: 9-16 ms for the first,
 4-6 ms for each further dtype (measured on a busy 2-core machine, the check on one
-intra-op thread; ``tests/test_msda_dispatch.py`` holds it under 50 ms).
+intra-op thread; ``tests/test_msda_dispatch.py`` holds it under 50 ms). The key is worked
+out at most once per process per (implementation, device type), and only when a record
+exists: sources are hashed once per process.
 
 Under ``torch.compile`` nothing runs inside the trace: ``select_impl`` asks ``known_verdict``,
 which dynamo evaluates once, outside the graph, as a constant; it runs the check as plain
@@ -30,27 +38,38 @@ eager code when no verdict is known yet.
 
 Record store (``NPUDET_VERIFY_FILE``, default ``~/.cache/npudet/verified.json``)::
 
-    {"version": 1,
-     "devices": {"cuda|NVIDIA L4|torch 2.6.0": {
-         "device_type": "cuda", "device_name": "NVIDIA L4", "torch": "2.6.0",
-         "records": {"triton": {"float32": {"correct": true, "error": "",
-                                            "fwd_bwd_ms": 3.1, "case": "ddetr-enc"}}}}}}
+    {"version": 2,
+     "devices": {"cuda|NVIDIA L4": {
+         "device_type": "cuda", "device_name": "NVIDIA L4",
+         "records": {"triton": {"float32": {
+             "correct": true, "error": "", "fwd_bwd_ms": 3.1, "case": "ddetr-enc",
+             "key": {"sources": "3f2a...", "isa": null, "torch": "2.6.0", "triton": "3.2.0",
+                     "triton-ascend": null, "mmcv": "2.1.0", "mx_driving": null,
+                     "torch_npu": null, "driver": "550.54.15"}}}}}}}
 
 ``save_records`` merges (same implementation and dtype replaced), ``load_records`` reads
-the whole file, ``recorded`` looks one record up for the running torch version. ``auto``
-orders the implementations that a record calls correct and times by their recorded
-forward+backward time (the dtype's own, else float32's) within the slots they hold in the
-static priority list, so on CUDA ``triton`` goes before ``mmcv`` only where a record says
-it is correct and faster on this GPU.
+the whole file (a file of an older format raises ``ValueError``; ``save_records`` replaces
+it), ``recorded`` looks one record up as stored and ``stale_reasons`` says whether it is
+current. ``auto`` orders the implementations that a current record calls correct and times
+by their recorded forward+backward time (the dtype's own, else float32's) within the slots
+they hold in the static priority list, so on CUDA ``triton`` goes before ``mmcv`` only where
+a record says it is correct and faster on this GPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import importlib.metadata
 import json
+import logging
 import os
+import re
+import sys
 import warnings
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
@@ -59,9 +78,31 @@ from torch.utils._python_dispatch import _disable_current_modes
 from npudet.utils.device import device_name
 from npudet.utils.json_io import write_json_atomic
 
+logger = logging.getLogger(__name__)
+
 VERIFY_FILE_ENV = "NPUDET_VERIFY_FILE"
 REFERENCE = "grid_sample"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+# Files an implementation runs besides the modules of its classes, by the ``NAME`` of a
+# class in its MRO (so the ``cpu_*`` variants inherit ``cpu``'s). Paths are relative to
+# this package; ``ops:`` ones are the native sources, found where the kernel build finds
+# them (the checkout's ``ops/``, an installed package's ``_ops/``); a trailing ``/`` takes
+# every file of that folder. An implementation with kernel files of its own lists them here.
+KERNEL_SOURCES: Dict[str, Tuple[str, ...]] = {
+    "cpu": ("ops:cpu/", "cpu_options.py", "native_build.py"),
+    "triton": (
+        "triton_kernels.py",
+        "triton_launch.py",
+        "triton_ascend_kernels.py",
+        "triton_ascend_launch.py",
+    ),
+}
+# Distributions whose version is part of every record's key: the code under each
+# implementation (torch for all; triton and triton-ascend for ``triton``; mmcv for ``mmcv``
+# and ``npu_vendor``'s mmcv route; mx_driving and torch_npu on Ascend). One list for every
+# implementation keeps the key simple; an upgrade re-checks at most a few ms per dtype.
+KEY_PACKAGES = ("torch", "triton", "triton-ascend", "mmcv", "mx_driving", "torch_npu")
 
 # Max error relative to max(|reference|, 1), per dtype of the inputs. Loose enough for
 # kernels that compute in the input's precision (mmcv's half kernel), tight enough for the
@@ -86,6 +127,8 @@ class Record:
     error: str = ""
     fwd_bwd_ms: Optional[float] = None
     case: str = ""
+    # ``fingerprint`` of the process that verified it; None: ``save_records`` fills it in.
+    key: Optional[Dict[str, Optional[str]]] = None
 
 
 def dtype_name(dtype: DType) -> str:
@@ -101,9 +144,134 @@ def records_path() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "npudet", "verified.json")
 
 
-def device_key(device_type: str, device_name: str, torch_version: str = torch.__version__) -> str:
-    """The file's key of one device: ``"cuda|NVIDIA L4|torch 2.6.0"``."""
-    return f"{device_type}|{device_name}|torch {torch_version}"
+def device_key(device_type: str, device_name: str) -> str:
+    """The file's key of one device: ``"cuda|NVIDIA L4"`` (versions are in each record's key)."""
+    return f"{device_type}|{device_name}"
+
+
+def _source_path(entry: str) -> Optional[Path]:
+    """A ``KERNEL_SOURCES`` entry (or an absolute path) as a file or folder, None if absent."""
+    if entry.startswith("ops:"):
+        from .native_build import SOURCE_ROOTS
+
+        candidates = [root / entry[len("ops:") :] for root in SOURCE_ROOTS]
+    else:
+        candidates = [Path(__file__).resolve().parent / entry]
+    return next((path for path in candidates if path.exists()), None)
+
+
+def _source_files(entry: str) -> List[Tuple[str, Optional[Path]]]:
+    """(name, path) of each file an entry stands for; path None when it is missing."""
+    path = _source_path(entry)
+    if path is None or path.is_file():
+        return [(os.path.basename(entry.rstrip("/")), path)]
+    files = sorted(f for f in path.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+    return [(str(f.relative_to(path)), f) for f in files]
+
+
+def implementation_sources(impl: str) -> List[str]:
+    """The files ``impl`` runs: the modules of its classes and its ``KERNEL_SOURCES``.
+
+    Module files are absolute paths; kernel sources stay as listed (resolved when hashed).
+    """
+    from .registry import MSDAImpl, get_impl
+
+    files: List[str] = []
+    for cls in type(get_impl(impl)).__mro__:
+        if not issubclass(cls, MSDAImpl) or cls is MSDAImpl:
+            continue
+        module = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        if module and module not in files:
+            files.append(module)
+        files.extend(KERNEL_SOURCES.get(cls.NAME, ()))
+    return files
+
+
+@functools.cache
+def source_digest(entries: Tuple[str, ...]) -> str:
+    """sha256 (16 hex digits) of the names and bytes of the files ``entries`` stand for
+    (``KERNEL_SOURCES`` entries or absolute paths); once per process per tuple.
+
+    A missing file counts as a distinct content (its name marked missing).
+    """
+    digest = hashlib.sha256()
+    for entry in entries:
+        for name, path in _source_files(entry):
+            data = path.read_bytes() if path is not None else b"<missing>"
+            digest.update(name.encode() + b"\0" + data + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _distribution_version(name: str) -> Optional[str]:
+    """The installed version of distribution ``name`` (metadata only, nothing imported)."""
+    if name == "torch":
+        return torch.__version__
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# Where the kernel drivers state their version (Linux): NVIDIA's kernel module, Ascend's
+# driver package.
+_DRIVER_FILES = {
+    "cuda": "/proc/driver/nvidia/version",
+    "npu": "/usr/local/Ascend/driver/version.info",
+}
+
+
+def driver_version(device_type: str) -> Optional[str]:
+    """The device driver's version (``"580.159.04"``), or None (the CPU; not found)."""
+    path = _DRIVER_FILES.get(device_type)
+    try:
+        with open(path or "") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    if device_type == "npu":
+        found = re.search(r"^\s*Version\s*=\s*(\S+)", text, re.MULTILINE)
+    else:
+        # "NVRM version: NVIDIA UNIX [Open ]Kernel Module[ for x86_64]  580.159.04  ..."
+        found = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)*)(?:\s|$)", text)
+    return found.group(1) if found else None
+
+
+@functools.cache
+def fingerprint(impl: str, device_type: str) -> Dict[str, Optional[str]]:
+    """What a verification of ``impl`` on ``device_type`` holds for: the record's key.
+
+    Worked out once per process per (impl, device type); callers must not modify it.
+    ``isa`` is the ``cpu`` kernel's instruction-set variant (building the kernel if needed)
+    for the ``cpu`` family, else None.
+    """
+    from .registry import get_impl
+
+    key: Dict[str, Optional[str]] = {"sources": source_digest(tuple(implementation_sources(impl)))}
+    family = {cls.NAME for cls in type(get_impl(impl)).__mro__ if hasattr(cls, "NAME")}
+    isa = None
+    if "cpu" in family:
+        from .cpu_impl import isa as cpu_isa
+
+        isa = cpu_isa()
+    key["isa"] = isa
+    for package in KEY_PACKAGES:
+        key[package] = _distribution_version(package)
+    key["driver"] = driver_version(device_type)
+    return key
+
+
+def stale_reasons(record: Record, device_type: str) -> List[str]:
+    """What changed since ``record`` was verified on ``device_type`` ([] if it is current)."""
+    if record.key is None:
+        return ["recorded without a key"]
+    now = fingerprint(record.impl, device_type)
+    reasons = []
+    for name in sorted(set(now) | set(record.key)):
+        was, is_ = record.key.get(name), now.get(name)
+        if was != is_:
+            what = "kernel sources" if name == "sources" else name
+            reasons.append(f"{what} {was} -> {is_}")
+    return reasons
 
 
 def load_records(path: Optional[str] = None) -> dict:
@@ -118,27 +286,38 @@ def load_records(path: Optional[str] = None) -> dict:
     return data
 
 
+def _older_format(path: str) -> bool:
+    """Whether ``path`` holds a record file of an earlier ``FORMAT_VERSION`` (a cache: replaced)."""
+    try:
+        with open(path) as fh:
+            version = json.load(fh).get("version")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(version, int) and version < FORMAT_VERSION
+
+
 def save_records(
     device_type: str,
     device_name: str,
     records: Iterable[Record],
     path: Optional[str] = None,
 ) -> str:
-    """Merge ``records`` into the file under this device and torch version; returns its path."""
+    """Merge ``records`` into the file under this device; returns its path.
+
+    A record without a ``key`` gets this process's ``fingerprint`` of its implementation.
+    """
     path = path or records_path()
-    data = load_records(path) or {"version": FORMAT_VERSION, "devices": {}}
+    empty = {"version": FORMAT_VERSION, "devices": {}}
+    data = empty if _older_format(path) else (load_records(path) or empty)
     entry = data["devices"].setdefault(
         device_key(device_type, device_name),
-        {
-            "device_type": device_type,
-            "device_name": device_name,
-            "torch": torch.__version__,
-            "records": {},
-        },
+        {"device_type": device_type, "device_name": device_name, "records": {}},
     )
     for record in records:
         fields = asdict(record)
         impl, dtype = fields.pop("impl"), dtype_name(fields.pop("dtype"))
+        if fields["key"] is None:
+            fields["key"] = dict(fingerprint(impl, device_type))
         entry["records"].setdefault(impl, {})[dtype] = fields
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_json_atomic(path, data)
@@ -149,7 +328,8 @@ def save_records(
 def recorded(
     device_type: str, device_name: str, impl: str, dtype: DType, path: Optional[str] = None
 ) -> Optional[Record]:
-    """The record of ``impl`` for ``dtype`` on this device and torch version, if any."""
+    """The record of ``impl`` for ``dtype`` on this device, if any, as stored (current or not:
+    ``stale_reasons``)."""
     return _lookup(load_records(path), device_type, device_name, impl, dtype_name(dtype))
 
 
@@ -160,17 +340,22 @@ def _lookup(data: dict, device_type: str, name: str, impl: str, dtype: str) -> O
 
 
 # Per process: (device type, impl, dtype name) -> "" or the error; records by file path;
-# measured orders by (device type, dtype name, static order).
+# measured orders by (device type, dtype name, static order); stale records already logged.
 _verdicts: Dict[Tuple[str, str, str], str] = {}
 _loaded: Dict[str, dict] = {}
 _orders: Dict[Tuple[str, str, Tuple[str, ...]], List[str]] = {}
+_stale_logged: set = set()
 
 
 def reset() -> None:
-    """Forget this process's verdicts, loaded records and orders (e.g. after ``save_records``)."""
+    """Forget this process's verdicts, loaded records and orders (e.g. after ``save_records``).
+
+    Fingerprints are kept: the sources and packages of a running process do not change.
+    """
     _verdicts.clear()
     _loaded.clear()
     _orders.clear()
+    _stale_logged.clear()
 
 
 def current_device_name(device_type: str) -> Optional[str]:
@@ -185,9 +370,10 @@ def current_device_name(device_type: str) -> Optional[str]:
 
 
 def _record(device_type: str, impl: str, dtype: str) -> Optional[Record]:
-    """``recorded`` for this process's device, the file read once per process.
+    """``recorded`` for this process's device if current, the file read once per process.
 
     An unreadable file is ignored with one warning: the checks then decide, as without one.
+    A stale record (``stale_reasons``) is ignored with one log line.
     """
     name = current_device_name(device_type)
     if name is None:
@@ -199,7 +385,24 @@ def _record(device_type: str, impl: str, dtype: str) -> Optional[Record]:
         except (OSError, ValueError, TypeError) as exc:  # JSON errors are ValueErrors
             warnings.warn(f"npudet MSDA auto: ignoring {path}: {exc}", RuntimeWarning, stacklevel=2)
             _loaded[path] = {}
-    return _lookup(_loaded[path], device_type, name, impl, dtype)
+    record = _lookup(_loaded[path], device_type, name, impl, dtype)
+    if record is None:
+        return None
+    stale = stale_reasons(record, device_type)
+    if not stale:
+        return record
+    if (device_type, impl, dtype) not in _stale_logged:
+        _stale_logged.add((device_type, impl, dtype))
+        logger.warning(
+            "npudet MSDA auto: the recorded verification of %r %s on %s (%s) is stale (%s); "
+            "checking it again (tools/check_device.py --save records it anew)",
+            impl,
+            dtype,
+            device_type,
+            name,
+            "; ".join(stale),
+        )
+    return None
 
 
 def exempt(impl: str, device_type: str) -> bool:
