@@ -44,8 +44,8 @@ def test_fast_run_finds_every_cpu_implementation_correct(fast_report):
     ran = [row for row in report["parity"] if not row["declined"]]
     for row in ran:
         if row["impl"] == "grid_sample" and row["dtype"] in ("float16", "bfloat16"):
-            # The baseline itself computes in half precision: reported with its errors
-            # (location gradients ~20-40% off on torch 2.13's CPU kernel), whatever they are.
+            # The baseline itself computes in half precision: reported with its errors,
+            # whatever they are (within 4e-3 on one machine, 20-40% off on another).
             assert row["correct"] or "max relative error grad" in row["error"]
             continue
         assert row["correct"], (row["impl"], row["dtype"], row["error"])
