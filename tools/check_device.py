@@ -6,10 +6,12 @@
 
 Reports the environment (packages, device, CPU), the parity of every implementation
 available on the device (edge cases, forward and the three gradients, each dtype it
-declares) against ``grid_sample`` on the CPU, the MSDA benchmark side by side
+declares; each case passed, failed or declined: a declined case is not run and never
+counted as a pass) against ``grid_sample`` on the CPU, the MSDA benchmark side by side
 (``tools/benchmark_msda.py``'s machinery), the Triton kernels' compile figures where the
 compile tool exists, and a verdict table with the recommended ``auto`` order. ``--save``
-records the verdicts and times for ``auto`` (``npudet.ops.msda.verification``).
+records the verdicts and times for ``auto``, each keyed by the sources, package versions and
+driver of the process that checked it (``npudet.ops.msda.verification``).
 
 On an accelerator each implementation's parity check, and the benchmark, run in a child
 process of their own (``--isolate``, the default there), so a kernel that crashes the
