@@ -223,8 +223,10 @@ _DRIVER_FILES = {
 def driver_version(device_type: str) -> Optional[str]:
     """The device driver's version (``"580.159.04"``), or None (the CPU; not found)."""
     path = _DRIVER_FILES.get(device_type)
+    if path is None:
+        return None
     try:
-        with open(path or "") as fh:
+        with open(path) as fh:
             text = fh.read()
     except OSError:
         return None
