@@ -1,0 +1,336 @@
+"""A Deformable-DETR-sized transformer in plain torch, to time training iterations.
+
+npudet's own layers (``npudet.models.layers``) import mmcv and mmengine, which GPU machines
+without OpenMMLab lack, so this is the same computation written with torch alone around
+``npudet.ops.multi_scale_deformable_attn``: mmdet 3.3's ``DeformableDetrTransformerEncoder``
+/ ``Decoder`` layers (post-norm; encoder: MSDA self-attention + FFN; decoder: multi-head
+self-attention over the queries + MSDA cross-attention + FFN; dropout 0.1), mmcv's MSDA
+projections and initialisation, on multi-level features standing in for the backbone and
+neck. A class and box head on every decoder layer (the auxiliary losses) closes the loss.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from npudet.ops import multi_scale_deformable_attn
+
+
+@dataclass(frozen=True)
+class DDETRShape:
+    """Model and input sizes; the default is Deformable DETR on an 800x1216 COCO batch."""
+
+    image: Tuple[int, int] = (800, 1216)
+    batch: int = 2
+    dim: int = 256
+    heads: int = 8
+    levels: int = 4
+    points: int = 4
+    ffn: int = 1024
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    queries: int = 300
+    classes: int = 80
+
+    def level_shapes(self) -> List[Tuple[int, int]]:
+        """(H, W) of each level: strides 8, 16, 32, 64 with ceil rounding, as ResNet's."""
+        shapes, (h, w) = [], self.image
+        for _ in range(3):  # the stem and the first stage: stride 8 at C3
+            h, w = math.ceil(h / 2), math.ceil(w / 2)
+        for _ in range(self.levels):
+            shapes.append((h, w))
+            h, w = math.ceil(h / 2), math.ceil(w / 2)
+        return shapes
+
+
+# Small enough for a CPU in seconds: the dry run's model.
+DRY_SHAPE = DDETRShape(
+    image=(64, 96), dim=64, ffn=128, encoder_layers=2, decoder_layers=2, queries=20
+)
+
+
+class MSDeformAttn(nn.Module):
+    """mmcv's ``MultiScaleDeformableAttention`` (batch first, value_proj_ratio 1) on
+    ``npudet.ops.multi_scale_deformable_attn`` with a fixed ``impl``."""
+
+    def __init__(self, shape: DDETRShape, impl: str):
+        super().__init__()
+        self.impl, self.heads, self.levels, self.points = (
+            impl,
+            shape.heads,
+            shape.levels,
+            shape.points,
+        )
+        samples = shape.heads * shape.levels * shape.points
+        self.sampling_offsets = nn.Linear(shape.dim, samples * 2)
+        self.attention_weights = nn.Linear(shape.dim, samples)
+        self.value_proj = nn.Linear(shape.dim, shape.dim)
+        self.output_proj = nn.Linear(shape.dim, shape.dim)
+        self.dropout = nn.Dropout(0.1)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """mmcv's init: offsets start on each head's direction, (point + 1) pixels away."""
+        nn.init.zeros_(self.sampling_offsets.weight)
+        angle = torch.arange(self.heads, dtype=torch.float32) * (2 * math.pi / self.heads)
+        grid = torch.stack((angle.cos(), angle.sin()), -1)
+        grid = grid / grid.abs().max(-1, keepdim=True).values
+        grid = grid.view(self.heads, 1, 1, 2).repeat(1, self.levels, self.points, 1)
+        grid = grid * torch.arange(1, self.points + 1).view(1, 1, -1, 1)
+        with torch.no_grad():
+            self.sampling_offsets.bias.copy_(grid.flatten())
+        nn.init.zeros_(self.attention_weights.weight)
+        nn.init.zeros_(self.attention_weights.bias)
+        for proj in (self.value_proj, self.output_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def forward(
+        self, query: Tensor, value: Tensor, reference: Tensor, shapes: Tensor, starts: Tensor
+    ) -> Tensor:
+        """query (bs, q, dim), value (bs, keys, dim), reference (bs, q, levels, 2) in [0, 1],
+        shapes (levels, 2) (H, W), starts (levels,) -> (bs, q, dim), the residual included."""
+        bs, nq, dim = query.shape
+        h, lv, p = self.heads, self.levels, self.points
+        v = self.value_proj(value).view(bs, value.shape[1], h, dim // h)
+        offsets = self.sampling_offsets(query).view(bs, nq, h, lv, p, 2)
+        weights = self.attention_weights(query).view(bs, nq, h, lv * p).softmax(-1)
+        normaliser = shapes.flip(-1).to(query.dtype)  # (W, H) per level
+        locations = (
+            reference[:, :, None, :, None, :] + offsets / normaliser[None, None, None, :, None]
+        )
+        out = multi_scale_deformable_attn(
+            v, shapes, starts, locations, weights.view(bs, nq, h, lv, p), impl=self.impl
+        )
+        return self.dropout(self.output_proj(out))
+
+
+class FFN(nn.Module):
+    def __init__(self, shape: DDETRShape):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(shape.dim, shape.ffn),
+            nn.ReLU(inplace=True),
+            nn.Dropout(0.1),
+            nn.Linear(shape.ffn, shape.dim),
+            nn.Dropout(0.1),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layers(x)
+
+
+class EncoderLayer(nn.Module):
+    """Post-norm: x = norm(x + msda(x + pos)); x = norm(x + ffn(x))."""
+
+    def __init__(self, shape: DDETRShape, impl: str):
+        super().__init__()
+        self.attn, self.ffn = MSDeformAttn(shape, impl), FFN(shape)
+        self.norms = nn.ModuleList(nn.LayerNorm(shape.dim) for _ in range(2))
+
+    def forward(self, x: Tensor, pos: Tensor, reference: Tensor, shapes: Tensor, starts: Tensor):
+        """x, pos (bs, keys, dim); reference (bs, keys, levels, 2) -> (bs, keys, dim)."""
+        x = self.norms[0](x + self.attn(x + pos, x, reference, shapes, starts))
+        return self.norms[1](x + self.ffn(x))
+
+
+class DecoderLayer(nn.Module):
+    """Post-norm: self-attention over the queries, MSDA into the memory, FFN."""
+
+    def __init__(self, shape: DDETRShape, impl: str):
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(shape.dim, shape.heads, 0.1, batch_first=True)
+        self.cross_attn, self.ffn = MSDeformAttn(shape, impl), FFN(shape)
+        self.norms = nn.ModuleList(nn.LayerNorm(shape.dim) for _ in range(3))
+
+    def forward(self, q, pos, memory, reference, shapes, starts) -> Tensor:
+        """q, pos (bs, queries, dim); memory (bs, keys, dim); reference (bs, queries, levels,
+        2) -> (bs, queries, dim)."""
+        qk = q + pos
+        q = self.norms[0](q + self.self_attn(qk, qk, q, need_weights=False)[0])
+        q = self.norms[1](q + self.cross_attn(q + pos, memory, reference, shapes, starts))
+        return self.norms[2](q + self.ffn(q))
+
+
+class DeformableTransformer(nn.Module):
+    """Encoder, decoder and per-layer heads; ``forward`` returns the training loss."""
+
+    def __init__(self, shape: DDETRShape, impl: str):
+        super().__init__()
+        self.shape = shape
+        self.level_embed = nn.Parameter(torch.randn(shape.levels, shape.dim) * 0.02)
+        self.encoder = nn.ModuleList(EncoderLayer(shape, impl) for _ in range(shape.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(shape, impl) for _ in range(shape.decoder_layers))
+        self.query_embedding = nn.Embedding(shape.queries, 2 * shape.dim)
+        self.reference_points = nn.Linear(shape.dim, 2)
+        self.cls_head = nn.Linear(shape.dim, shape.classes)
+        self.box_head = nn.Sequential(
+            nn.Linear(shape.dim, shape.dim), nn.ReLU(), nn.Linear(shape.dim, 4)
+        )
+
+    def forward(self, batch: Dict[str, Tensor]) -> Tensor:
+        """``make_batch``'s tensors -> a scalar loss (a stand-in for the matched losses:
+        cross-entropy on the labels, L1 on the boxes, summed over the decoder layers)."""
+        shapes, starts = batch["shapes"], batch["starts"]
+        sizes = [h * w for h, w in self.shape.level_shapes()]
+        level_pos = torch.cat([e.expand(n, -1) for e, n in zip(self.level_embed, sizes)])
+        x, pos = batch["features"], batch["pos"] + level_pos
+        reference = batch["encoder_reference"]
+        for layer in self.encoder:
+            x = layer(x, pos, reference, shapes, starts)
+        bs = x.shape[0]
+        query_pos, q = self.query_embedding.weight.expand(bs, -1, -1).split(self.shape.dim, -1)
+        ref = self.reference_points(query_pos).sigmoid()
+        ref = ref[:, :, None].expand(-1, -1, self.shape.levels, -1)
+        loss = x.new_zeros(())
+        for layer in self.decoder:
+            q = layer(q, query_pos, x, ref, shapes, starts)
+            logits = self.cls_head(q).flatten(0, 1)
+            loss = loss + F.cross_entropy(logits, batch["labels"].flatten())
+            loss = loss + F.l1_loss(self.box_head(q).sigmoid(), batch["boxes"])
+        return loss
+
+
+def encoder_reference(shape: DDETRShape, device: str) -> Tensor:
+    """Every pixel's centre, normalised, seen from every level: (bs, keys, levels, 2)."""
+    points = []
+    for h, w in shape.level_shapes():
+        ys, xs = torch.meshgrid(
+            (torch.arange(h) + 0.5) / h, (torch.arange(w) + 0.5) / w, indexing="ij"
+        )
+        points.append(torch.stack((xs, ys), -1).reshape(-1, 2))
+    ref = torch.cat(points)[None, :, None].expand(shape.batch, -1, shape.levels, -1)
+    return ref.contiguous().to(device)
+
+
+def make_batch(shape: DDETRShape, device: str, seed: int = 0) -> Dict[str, Tensor]:
+    """Random multi-level features and positions (the backbone and neck's output, not
+    trained), level shapes, reference points and random targets, on ``device``."""
+    gen = torch.Generator().manual_seed(seed)
+    levels = shape.level_shapes()
+    keys = sum(h * w for h, w in levels)
+    sizes = torch.tensor([h * w for h, w in levels])
+    b, q = shape.batch, shape.queries
+    tensors = {
+        "features": torch.randn(b, keys, shape.dim, generator=gen),
+        "pos": torch.randn(b, keys, shape.dim, generator=gen),
+        "shapes": torch.tensor(levels, dtype=torch.long),
+        "starts": torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1])),
+        "labels": torch.randint(0, shape.classes, (b, q), generator=gen),
+        "boxes": torch.rand(b, q, 4, generator=gen),
+    }
+    batch = {k: v.to(device) for k, v in tensors.items()}
+    batch["encoder_reference"] = encoder_reference(shape, device)
+    return batch
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(step: Callable[[], object], device: str, warmup: int, iters: int) -> List[float]:
+    """Wall ms of ``iters`` calls of ``step``, each between two device syncs, after
+    ``warmup`` untimed ones (the first compiles Triton kernels or a torch.compile graph)."""
+    times = []
+    for i in range(warmup + iters):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _summary(times: List[float], device: str) -> Dict[str, float]:
+    summary = {"ms": statistics.median(times), "ms_min": min(times), "ms_max": max(times)}
+    if device == "cuda":
+        summary["peak_mem_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return summary
+
+
+def time_training(
+    impl: str, device: str, shape: DDETRShape = DDETRShape(), warmup: int = 3, iters: int = 10
+) -> Dict[str, object]:
+    """Median wall ms of a training iteration (forward, backward, gradient clipping at 0.1
+    and an AdamW step, as Deformable DETR's config) with MSDA ``impl``; its spread, the
+    first and last loss, and on CUDA the peak memory."""
+    torch.manual_seed(0)
+    model = DeformableTransformer(shape, impl).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=1e-4)
+    batch = make_batch(shape, device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    losses: List[float] = []
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        optimizer.step()
+        losses.append(loss.detach())
+
+    times = _timed(step, device, warmup, iters)
+    return {
+        "impl": impl,
+        **_summary(times, device),
+        "iters": iters,
+        "first_loss": losses[0].item(),
+        "last_loss": losses[-1].item(),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def time_encoder_layer(
+    impl: str,
+    device: str,
+    shape: DDETRShape = DDETRShape(),
+    mode: Optional[str] = None,
+    backend: str = "inductor",
+    warmup: int = 3,
+    iters: int = 10,
+) -> Dict[str, object]:
+    """Forward+backward ms of one encoder layer over the whole feature map (the
+    ``ddetr-enc-coco`` MSDA call inside), eager, and compiled with ``torch.compile(mode,
+    backend)`` unless ``backend`` is None; the compiled call's first-run seconds."""
+    torch.manual_seed(0)
+    layer = EncoderLayer(shape, impl).to(device)
+    batch = make_batch(shape, device)
+    args = (batch["features"], batch["pos"], batch["encoder_reference"])
+    args += (batch["shapes"], batch["starts"])
+    grad = torch.randn_like(batch["features"])
+    result: Dict[str, object] = {"impl": impl, "mode": mode, "backend": backend}
+
+    def step(fn: Callable[..., Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            if mode == "reduce-overhead":  # a new iteration: CUDA-graph outputs may be reused
+                torch.compiler.cudagraph_mark_step_begin()
+            fn(*args).backward(grad)
+
+        return run
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    result["eager"] = _summary(_timed(step(layer), device, warmup, iters), device)
+    if backend is None:
+        return result
+    compiled = torch.compile(layer, mode=mode, backend=backend)
+    start = time.perf_counter()
+    step(compiled)()
+    _sync(device)
+    result["compile_s"] = time.perf_counter() - start
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    result["compiled"] = _summary(_timed(step(compiled), device, warmup, iters), device)
+    result["speedup"] = result["eager"]["ms"] / result["compiled"]["ms"]
+    return result

@@ -1,0 +1,83 @@
+"""The GPU kit: a prepared run for a short-lived, offline GPU machine (``npudet.gpu_kit``).
+
+    python tools/gpu_kit.py bundle                 # here, once: mmcv's MSDA sources -> .gpu_kit/
+    python tools/gpu_kit.py size                   # what a device run carries, against 64 MiB
+    python3 tools/gpu_kit.py run --out "$OUT"      # on the GPU machine (<= 9 min)
+    python tools/gpu_kit.py run --device cpu --dry-run --out /tmp/kit   # small shapes, seconds
+    python tools/gpu_kit.py build --build-dir B --arch 90 --compile-only   # nvcc check, no GPU
+
+``run`` writes ``<gpu>.json``, ``<gpu>.md``, ``<gpu>.log`` and ``<gpu>-check_device.json``
+under ``--out`` (default ``results/device``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from npudet.gpu_kit import child  # noqa: E402
+from npudet.gpu_kit.run import run_kit  # noqa: E402
+from npudet.ops.msda import mmcv_cuda_lib  # noqa: E402
+
+BUNDLE = ROOT / ".gpu_kit"
+CARRY_LIMIT = 64 * 2**20  # bytes of working tree + carried paths a device run may take
+
+
+def travel_bytes(carry: List[Path]) -> int:
+    """Bytes a device run sends: tracked and untracked-not-ignored files, and ``carry``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    tree = sum((ROOT / f).stat().st_size for f in listed if f and (ROOT / f).is_file())
+    return tree + sum(mmcv_cuda_lib.folder_bytes(p) for p in carry)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    bundle = sub.add_parser("bundle", help="mmcv's sdist (pip download) -> .gpu_kit/mmcv_msda")
+    bundle.add_argument("--sdist", type=Path, default=None, help="a local mmcv-2.1.0.tar.gz")
+    sub.add_parser("size", help="bytes a device run carries, against the 64 MiB limit")
+    run = sub.add_parser("run", help="the kit: device check, benchmarks, training, compile")
+    run.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    run.add_argument("--out", type=Path, default=ROOT / "results" / "device")
+    run.add_argument("--dry-run", action="store_true", help="small shapes, one round")
+    run.add_argument("--budget-s", type=float, default=None, help="default 540 (dry run 300)")
+    build = sub.add_parser("build", help="mmcv's CUDA library from the bundle (nvcc)")
+    build.add_argument("--build-dir", type=Path, required=True)
+    build.add_argument("--arch", default=None, help='e.g. "90" (default: CUDA device 0\'s)')
+    build.add_argument("--compile-only", action="store_true", help="objects only, no link")
+    args = parser.parse_args(argv)
+    if args.command == "bundle":
+        folder = mmcv_cuda_lib.make_bundle(BUNDLE, args.sdist)
+        print(f"{folder.relative_to(ROOT)}: {mmcv_cuda_lib.folder_bytes(folder)} bytes")
+        args.command = "size"
+    if args.command == "size":
+        carried = travel_bytes([BUNDLE / mmcv_cuda_lib.BUNDLE_DIR])
+        print(f"a device run carries {carried / 2**20:.2f} MiB of {CARRY_LIMIT / 2**20:.0f} MiB")
+        return 0 if carried < CARRY_LIMIT else 1
+    if args.command == "build":
+        sources = BUNDLE / mmcv_cuda_lib.BUNDLE_DIR
+        cmd = ["build", "--json", str(args.build_dir / "build.json"), "--sources", str(sources)]
+        cmd += ["--build-dir", str(args.build_dir)] + (["--arch", args.arch] if args.arch else [])
+        args.build_dir.mkdir(parents=True, exist_ok=True)
+        code = child.main(cmd + (["--compile-only"] if args.compile_only else []))
+        print((args.build_dir / "build.json").read_text())
+        return code
+    report = run_kit(args.device, args.out, args.dry_run, args.budget_s)
+    print(f"wrote {args.out}/{report['gpu']} report ({report['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
