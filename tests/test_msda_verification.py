@@ -96,7 +96,23 @@ def test_every_listed_kernel_source_exists():
     """A renamed or moved kernel file must not drop out of the key unnoticed."""
     for files in verification.KERNEL_SOURCES.values():
         for name in files:
-            assert verification._source_path(name) is not None, name
+            if not name.startswith("env:"):  # a library built on the machine, if any
+                assert verification._source_path(name) is not None, name
+
+
+def test_a_library_named_by_the_environment_is_part_of_the_key(monkeypatch, tmp_path):
+    """mmcv's cuda_lib route runs the library $NPUDET_MMCV_CUDA_LIB names: a rebuild is stale."""
+    assert "env:NPUDET_MMCV_CUDA_LIB" in verification.implementation_sources("mmcv")
+    digest = verification.source_digest.__wrapped__
+    entry = ("env:NPUDET_MMCV_CUDA_LIB",)
+    monkeypatch.delenv("NPUDET_MMCV_CUDA_LIB", raising=False)
+    unset = digest(entry)
+    library = tmp_path / "libmsda.so"
+    library.write_bytes(b"build 1")
+    monkeypatch.setenv("NPUDET_MMCV_CUDA_LIB", str(library))
+    first = digest(entry)
+    library.write_bytes(b"build 2")
+    assert len({unset, first, digest(entry)}) == 3
 
 
 def test_source_digest_follows_file_contents(tmp_path):

@@ -88,9 +88,13 @@ FORMAT_VERSION = 2
 # class in its MRO (so the ``cpu_*`` variants inherit ``cpu``'s). Paths are relative to
 # this package; ``ops:`` ones are the native sources, found where the kernel build finds
 # them (the checkout's ``ops/``, an installed package's ``_ops/``); a trailing ``/`` takes
-# every file of that folder. An implementation with kernel files of its own lists them here.
+# every file of that folder; ``env:NAME`` is the file the environment variable names (a
+# library built on the machine). An implementation with kernel files of its own lists them.
 KERNEL_SOURCES: Dict[str, Tuple[str, ...]] = {
     "cpu": ("ops:cpu/", "cpu_options.py", "native_build.py"),
+    # mmcv's own build is keyed by mmcv's version; the ``cuda_lib`` route by its sources and
+    # the library $NPUDET_MMCV_CUDA_LIB names (``mmcv_cuda_lib``).
+    "mmcv": ("mmcv_cuda_lib.py", "ops:cuda/", "env:NPUDET_MMCV_CUDA_LIB"),
     "triton": (
         "triton_kernels.py",
         "triton_launch.py",
@@ -151,7 +155,10 @@ def device_key(device_type: str, device_name: str) -> str:
 
 def _source_path(entry: str) -> Optional[Path]:
     """A ``KERNEL_SOURCES`` entry (or an absolute path) as a file or folder, None if absent."""
-    if entry.startswith("ops:"):
+    if entry.startswith("env:"):
+        named = os.environ.get(entry[len("env:") :])
+        candidates = [Path(named)] if named else []
+    elif entry.startswith("ops:"):
         from .native_build import SOURCE_ROOTS
 
         candidates = [root / entry[len("ops:") :] for root in SOURCE_ROOTS]
@@ -163,6 +170,8 @@ def _source_path(entry: str) -> Optional[Path]:
 def _source_files(entry: str) -> List[Tuple[str, Optional[Path]]]:
     """(name, path) of each file an entry stands for; path None when it is missing."""
     path = _source_path(entry)
+    if entry.startswith("env:"):
+        return [(entry, path if path is not None and path.is_file() else None)]
     if path is None or path.is_file():
         return [(os.path.basename(entry.rstrip("/")), path)]
     files = sorted(f for f in path.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
