@@ -84,13 +84,23 @@ def test_dry_run_training_and_compile(dry_run):
     assert compiled["eager"]["ms"] > 0 and compiled["compiled"]["ms"] > 0
 
 
+def test_dry_run_host_cost(dry_run):
+    result = dry_run[0]
+    if "--host" not in (ROOT / "tools" / "benchmark_msda.py").read_text():
+        pytest.skip("tools/benchmark_msda.py has no --host mode here")
+    assert result["parts"]["host_cost"]["status"] == "ok"
+    impls = {r["impl"] for r in result["host_cost"]}
+    assert {"grid_sample", "gather"} <= impls and "triton" not in impls
+
+
 def test_dry_run_check_and_markdown(dry_run):
     result, out = dry_run
     verdicts = {(r["impl"], r["dtype"]): r["correct"] for r in result["check"]["verdict"]["table"]}
     assert verdicts[("grid_sample", "float32")] and verdicts[("gather", "float32")]
     assert {impl for impl, _ in verdicts} == {"grid_sample", "gather"}  # the kit's, usable here
     text = (out / "cpu-dry-run.md").read_text()
-    for heading in ("## MSDA benchmark", "## Training iteration", "## torch.compile", "## Goals"):
+    headings = ("## MSDA benchmark", "## Training iteration", "## torch.compile", "## Host cost")
+    for heading in (*headings, "## Device check", "## Goals"):
         assert heading in text
     assert "| kit-dry | bfloat16 | gather |" in text
 

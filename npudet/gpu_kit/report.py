@@ -116,6 +116,16 @@ def _compile_lines(results: List[dict]) -> List[str]:
     return lines
 
 
+def _host_lines(rows: List[dict]) -> List[str]:
+    """Every numeric column the host-cost rows carry, in their order."""
+    keys = [k for k, v in rows[0].items() if isinstance(v, (int, float)) and k != "runs"]
+    lines = ["| impl | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+    for r in rows:
+        cells = [_cell(r.get(k), ".2f") for k in keys]
+        lines.append(f"| {r.get('impl', '')} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     """The report as markdown: parts, benchmark, training, compile, device check, goals."""
     env = report.get("environment", {})
@@ -151,6 +161,8 @@ def markdown(report: dict) -> str:
     lines += _train_lines(report["train"]) if report["train"] else ["(not run)"]
     lines += ["", "## torch.compile of one encoder layer (fwd+bwd)", ""]
     lines += _compile_lines(report["compile"]) if report["compile"] else ["(not run)"]
+    lines += ["", "## Host cost per call (tools/benchmark_msda.py --host)", ""]
+    lines += _host_lines(report["host_cost"]) if report.get("host_cost") else ["(not run)"]
     lines += ["", "## Device check (tools/check_device.py)", ""]
     check = report.get("check")
     if check and check.get("verdict"):

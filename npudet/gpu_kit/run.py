@@ -4,7 +4,8 @@ Order (most wanted first, so a run cut short keeps it): mmcv's CUDA library star
 building in the background (CPU work) while ``torch.compile`` of an encoder layer with
 ``triton`` runs on the GPU; then the float32 benchmark (model and training-size cases, the
 four implementations), the training iterations, the half-precision benchmarks, the compile
-check with ``grid_sample``, and last ``tools/check_device.py`` (parity, its own benchmark).
+check with ``grid_sample``, and last ``tools/check_device.py`` (parity, its own benchmark);
+the host's cost per call (``tools/benchmark_msda.py --host``) after the training iterations.
 Every part gets what is left of the budget, at most its cap; the report is rewritten after
 each part. ``dry_run`` runs the same parts on small shapes (seconds, on the CPU).
 """
@@ -119,7 +120,9 @@ class Kit:
         gpu = env.get("device", {}).get("name", device) if device == "cuda" else device
         self.slug = slug(gpu) + ("-dry-run" if dry_run else "")
         self.log = open(out / f"{self.slug}.log", "w")
-        self.env: Dict[str, str] = {}
+        # A dry run checks the plumbing, not speed: one thread per child keeps a shared,
+        # busy CPU from spending its time in OpenMP's waits.
+        self.env: Dict[str, str] = {"OMP_NUM_THREADS": "1"} if dry_run else {}
         self.report: dict = {
             "tool": "gpu_kit",
             "version": 1,
@@ -133,6 +136,7 @@ class Kit:
             "bench": {"rows": [], "errors": {}},
             "train": [],
             "compile": [],
+            "host_cost": None,
             "check": None,
         }
 
@@ -241,6 +245,18 @@ class Kit:
             )
         self.save()
 
+    def run_host_cost(self) -> None:
+        """``tools/benchmark_msda.py --host``: what one call costs the host, per
+        implementation (a tool option that may be absent: then the part fails and says so)."""
+        path = self.work / "host_cost.json"
+        impls = [n for n in IMPLS if usable(n, self.device, self.mmcv_lib)]
+        cmd = [sys.executable, str(ROOT / "tools" / "benchmark_msda.py"), "--host"]
+        cmd += ["--device", self.device, "--impls", ",".join(impls), "--json", str(path)]
+        cmd += ["--repeat", "1" if self.dry_run else "3"]
+        payload = self.run_part(Part("host_cost", cmd, 90.0, path))
+        self.report["host_cost"] = payload.get("results") if payload else None
+        self.save()
+
     def run_check(self) -> None:
         path = self.out / f"{self.slug}-check_device.json"
         cmd = [sys.executable, str(ROOT / "tools" / "check_device.py"), "--device", self.device]
@@ -268,6 +284,7 @@ class Kit:
         for impl in ("triton", "grid_sample", "mmcv", "gather"):
             if usable(impl, self.device, mmcv_lib):
                 self.run_model_part("train", impl)
+        self.run_host_cost()
         self.run_bench("float16", mmcv_lib)
         self.run_bench("bfloat16", mmcv_lib)
         for impl in compile_impls[1:]:

@@ -192,8 +192,11 @@ def build_commands(
     if compile_only:
         return [nvcc, cxx]
     link = [os.environ.get("CXX", "c++"), "-shared", str(kernel_obj), str(wrapper_obj)]
-    link += [f"-L{paths['lib']}", "-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda"]
-    link += [f"-L{cuda / 'lib64'}", "-lcudart", "-o", str(build_dir / LIB_NAME)]
+    link += [f"-L{paths['lib']}", f"-Wl,-rpath,{paths['lib']}"]
+    link += ["-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda"]
+    # The runtime is found by its soname at load time: torch has loaded it already.
+    link += [f"-L{cuda / 'lib64'}", f"-L{cuda / 'targets' / 'x86_64-linux' / 'lib'}", "-lcudart"]
+    link += ["-o", str(build_dir / LIB_NAME)]
     return [nvcc, cxx, link]
 
 
