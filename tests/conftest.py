@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from msda_util import DEVICE, DEVICE_ENV, EXERCISED  # noqa: E402
+from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED  # noqa: E402
 
 from npudet.utils.environment import device_problem  # noqa: E402
 
@@ -34,7 +34,14 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{DEVICE_ENV}={DEVICE}: device unavailable: {problem}")
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"MSDA property tests: NPUDET_PROPERTY_SEED={PROPERTY_SEED}"
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
+    terminalreporter.write_line(
+        f"MSDA property tests ran with NPUDET_PROPERTY_SEED={PROPERTY_SEED}"
+    )
     if not EXERCISED:
         return
     by_device = {}
@@ -44,6 +51,17 @@ def pytest_terminal_summary(terminalreporter) -> None:
     terminalreporter.write_line(
         f"MSDA implementations run by device ({DEVICE_ENV}={DEVICE}): {listed}"
     )
+
+
+@pytest.fixture(autouse=True)
+def _fresh_call_plans():
+    """Each test decides its MSDA calls afresh: many patch what ``auto`` decides on
+    (priority lists, verdicts, the loaded kernel), which a kept plan would not see."""
+    from npudet.ops.msda import call_plan
+
+    call_plan.clear()
+    yield
+    call_plan.clear()
 
 
 def data_options(root: str) -> List[str]:

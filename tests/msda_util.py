@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 from typing import List, Sequence, Set, Tuple
 from unittest import mock
 
@@ -34,6 +35,12 @@ def requested_device() -> str:
 
 
 DEVICE = requested_device()
+
+# The property tests' seed (test_msda_property.py): NPUDET_PROPERTY_SEED, else drawn per run
+# and printed in the run's header (conftest.py) so a failure can be replayed.
+PROPERTY_SEED = int(
+    os.environ.get("NPUDET_PROPERTY_SEED") or random.SystemRandom().randrange(2**32)
+)
 
 
 def device_impls(device: str = DEVICE) -> List[str]:

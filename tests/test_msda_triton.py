@@ -127,11 +127,14 @@ def test_nan_and_inf_give_zero_gradients_not_nan():
     assert torch.isfinite(g_value).all() and torch.isfinite(g_loc).all()
 
 
-def test_custom_op_passes_torch_opcheck():
-    inputs = random_inputs(dtype=torch.float64, low=0.1, high=0.9, queries=3, dim=3)
-    args = tuple(t.clone().requires_grad_(t.is_floating_point()) for t in inputs)
-    args = tuple(t.to(DEVICE).detach().requires_grad_(t.requires_grad) for t in args)
-    torch.library.opcheck(triton_impl.msda_triton_forward, args)
+@pytest.mark.parametrize("op", ["msda_triton_forward", "msda_triton_backward"])
+def test_ops_pass_torch_opcheck(op):
+    """The two ops are primitives (their autograd is ``msda_triton``'s Function, checked by
+    the gradcheck in test_msda_parity.py): schema, fake kernel and AOT dispatch."""
+    inputs = _on(random_inputs(dtype=torch.float64, low=0.1, high=0.9, queries=3, dim=3))
+    if op == "msda_triton_backward":
+        inputs = (torch.randn(2, 3, 6, dtype=torch.float64, device=DEVICE), *inputs)
+    torch.library.opcheck(getattr(triton_impl, op), inputs)
 
 
 def test_backward_op_fake_shapes_and_dtypes():
@@ -267,15 +270,19 @@ def test_every_lane_address_stays_inside_its_tensor(monkeypatch):
     assert log.outside([value, spatial, starts, loc, attn, grad, out, *grads]) == []
 
 
-def test_custom_ops_launch_exactly_the_plan(monkeypatch):
+def test_ops_launch_exactly_the_plan_bound_once_per_signature(monkeypatch):
     from npudet.ops.msda.triton_launch import MSDAShape, plan_launches
 
-    launched = []
-    run = triton_impl._run
+    built = []
+    build = triton_impl.build_launchers
+    monkeypatch.setattr(triton_impl, "_LAUNCHERS", {})
     monkeypatch.setattr(
-        triton_impl, "_run", lambda launch, *rest: (launched.append(launch), run(launch, *rest))
+        triton_impl, "build_launchers", lambda *a: built.append(build(*a)) or built[-1]
     )
     inputs = _on(random_inputs(batch=2, queries=7, heads=2, dim=5, points=3))
-    out, _ = run_on("triton", inputs, DEVICE)
+    for _ in range(3):
+        run_on("triton", inputs, DEVICE)
     plans = plan_launches("cuda", "float32", MSDAShape(2, 30, 7, 2, 5, 2, 3))
-    assert launched == [plans["fwd"], plans["bwd"]]
+    assert [[launcher.launch for launcher in pair] for pair in built] == [
+        [plans["fwd"], plans["bwd"]]
+    ]

@@ -18,6 +18,12 @@ queued back to back between two syncs, per call (what training sees: the larger 
 and the device's time), and on CUDA ``kernel ms``, the GPU's own time per call from the
 profiler. Columns nothing measured are left out of the table.
 
+``--host`` times instead what a call costs the host (``npudet.ops.msda.host_cost``): a
+1-query problem whose kernels do next to nothing, per-call us of forward, forward+backward
+and no-grad forward for ``auto`` and each implementation, beside one ATen op's:
+
+    python tools/benchmark_msda.py --host --threads 1 --runs 3
+
 ``--runs N`` runs the whole benchmark N times in separate processes and reports, per
 cell, the median of the runs and their spread (min-max): ratios are taken within each run,
 where both sides met the same machine state, then summarised.
@@ -41,7 +47,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npudet.ops import msda_impls, multi_scale_deformable_attn  # noqa: E402
-from npudet.ops.msda import cpu_isa, cpu_probe, get_impl, msda_variants, validate_inputs  # noqa: E402
+from npudet.ops.msda import (  # noqa: E402
+    cpu_isa,
+    cpu_probe,
+    get_impl,
+    host_cost,
+    msda_variants,
+    validate_inputs,
+)
 from npudet.ops.msda.cases import CASES, make_inputs, parse_case  # noqa: E402
 from npudet.ops.msda.cpu_impl import isa  # noqa: E402
 
@@ -319,17 +332,20 @@ def _cell(value, fmt: str, spread: bool) -> str:
     return f"{value['median']:{fmt}} ({value['min']:{fmt}}-{value['max']:{fmt}})"
 
 
-def markdown(rows: List[dict]) -> str:
+def markdown(rows: List[dict], host: bool = False) -> str:
     """The results as a markdown table (x = speed-up over the baseline, / limit = time over
     the gather-only probe's; queued and kernel times on accelerators). A column no row
-    measured (the probe off the CPU, the accelerator timings on it) is left out."""
-    columns = [c for c in COLUMNS if any(_measured(r.get(c[1], float("nan"))) for r in rows)]
+    measured (the probe off the CPU, the accelerator timings on it) is left out. ``host``:
+    the host-cost table (``host_cost.COLUMNS``, every column with its spread)."""
+    table = host_cost.COLUMNS if host else COLUMNS
+    spread = {key for _, key, _ in table} if host else SPREAD
+    columns = [c for c in table if any(_measured(r.get(c[1], float("nan"))) for r in rows)]
     lines = [
         "| case | impl | " + " | ".join(h for h, _, _ in columns) + " |",
         "|---|---|" + "---:|" * len(columns),
     ]
     for r in rows:
-        cells = [_cell(r.get(key, float("nan")), fmt, key in SPREAD) for _, key, fmt in columns]
+        cells = [_cell(r.get(key, float("nan")), fmt, key in spread) for _, key, fmt in columns]
         lines.append(f"| {r['case']} | {r['impl']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -403,6 +419,12 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     parser.add_argument(
+        "--host",
+        action="store_true",
+        help="time the host's cost per call on a 1-query problem (host_cost) instead of the "
+        "cases; --repeat rounds of 1000 calls",
+    )
+    parser.add_argument(
         "--runs",
         type=int,
         default=1,
@@ -437,19 +459,22 @@ def main(argv: List[str] | None = None) -> int:
         summary = summarize([p["results"] for p in payloads])
         info = payloads[0]["machine"]
         print(_header(info, args, f"median (min-max) of {args.runs} separate runs, each the "))
-        print(markdown(summary))
+        print(markdown(summary, args.host))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             payload = {"machine": info, "runs": payloads, "summary": summary}
             args.json.write_text(json.dumps(payload, indent=2))
         return 0
     rows: List[dict] = []
-    for spec in specs:
+    if args.host:
+        named = args.impls.split(",") if args.impls else None  # default: msda_impls()
+        rows = host_cost.measure(args.device, named, rounds=args.repeat)
+    for spec in [] if args.host else specs:
         rows.extend(run_case(spec, impls, args.repeat, args.device))
         print(f"[benchmark] {spec} done", file=sys.stderr, flush=True)
     info = machine_info()
     print(_header(info, args, ""))
-    print(markdown(rows))
+    print(markdown(rows, args.host))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
@@ -464,6 +489,15 @@ def main(argv: List[str] | None = None) -> int:
 
 
 def _header(info: dict, args: argparse.Namespace, runs: str) -> str:
+    if args.host:
+        return (
+            f"{info['cpu_model']} ({' '.join(info['cpu_features']) or 'no listed features'}), "
+            f"ATen capability {info['aten_capability']}, cpu kernel variant "
+            f"{info['cpu_kernel_variant']}\n"
+            f"torch {info['torch']}, {info['threads']} threads, device {args.device}, {runs}"
+            f"median of {args.repeat} interleaved rounds of 1000 calls; host cost per call "
+            f"(1 query, 2x2 map); / aten = over {host_cost.YARDSTICK} (fwd + .sum().backward())"
+        )
     return (
         f"{info['cpu_model']} ({' '.join(info['cpu_features']) or 'no listed features'}), "
         f"ATen capability {info['aten_capability']}, cpu kernel variant "

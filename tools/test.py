@@ -19,6 +19,7 @@ import npudet.engine  # noqa: F401  (hooks, checkpoint loading)
 import npudet.models  # noqa: F401  (DeformableDETR / DINO on npudet's MSDA)
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
 from npudet.engine.cpu_dist import setup_cpu_distributed
+from npudet.engine.msda_log import msda_summary
 from npudet.engine.preflight import check_checkpoint, check_data, check_msda
 
 
@@ -68,6 +69,7 @@ def main() -> None:
 
     setup_cpu_distributed(cfg, args.launcher)
     runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+    runner.logger.info(msda_summary(runner.model))
     if args.out is not None:
         from mmdet.evaluation import DumpDetResults
 

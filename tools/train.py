@@ -20,6 +20,7 @@ import npudet.models  # noqa: F401  (DeformableDETR / DINO on npudet's MSDA)
 from npudet.engine.amp import amp_optim_wrapper
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
 from npudet.engine.cpu_dist import setup_cpu_distributed
+from npudet.engine.msda_log import msda_summary
 from npudet.engine.preflight import check_checkpoint, check_data, check_msda
 from npudet.hooks import compile_with_hook, launch_env_setup
 
@@ -98,6 +99,7 @@ def main() -> None:
         print(f"[npudet] set {action.target}={action.value} ({action.reason})")
     setup_cpu_distributed(cfg, args.launcher)
     runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+    runner.logger.info(msda_summary(runner.model))
     runner.train()
 
 

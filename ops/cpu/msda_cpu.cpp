@@ -37,6 +37,8 @@
 //                as many chunks as private_budget_bytes allows (one: no copy);
 //       kAtomic - parallel over the work items, adding atomically into grad_value.
 //   * all offsets are int64.
+#include "msda_cpu.h"
+
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -701,12 +703,17 @@ Prepared prepare(const at::Tensor& value, const at::Tensor& spatial_shapes,
   TORCH_CHECK(value.dim() == 4, "value: expected (bs, num_keys, num_heads, head_dim)");
   TORCH_CHECK(sampling_locations.dim() == 6,
               "sampling_locations: expected (bs, num_queries, num_heads, num_levels, num_points, 2)");
+  // Converted only where needed: each conversion is a dispatcher call, a fixed cost that
+  // dominates small calls.
+  const auto as = [](const at::Tensor& t, at::ScalarType type) {
+    return (t.scalar_type() == type ? t : t.to(type)).contiguous();
+  };
   Prepared r;
   r.value = value.contiguous();
-  r.shapes = spatial_shapes.to(at::kLong).contiguous();
-  r.starts = level_start_index.to(at::kLong).contiguous();
-  r.loc = sampling_locations.to(value.scalar_type()).contiguous();
-  r.attn = attention_weights.to(value.scalar_type()).contiguous();
+  r.shapes = as(spatial_shapes, at::kLong);
+  r.starts = as(level_start_index, at::kLong);
+  r.loc = as(sampling_locations, value.scalar_type());
+  r.attn = as(attention_weights, value.scalar_type());
   r.d = Dims{value.size(0), value.size(1), value.size(2), value.size(3),
              spatial_shapes.size(0), sampling_locations.size(1), sampling_locations.size(4)};
   const Dims& d = r.d;
@@ -759,6 +766,10 @@ inline void dispatch_options(int64_t D, const KernelOptions& o, F&& f) {
     });
   });
 }
+
+}  // namespace
+
+namespace npudet {
 
 at::Tensor msda_forward(const at::Tensor& value, const at::Tensor& spatial_shapes,
                         const at::Tensor& level_start_index, const at::Tensor& sampling_locations,
@@ -816,6 +827,10 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
   });
   return {gvalue, gloc, gattn};
 }
+
+}  // namespace npudet
+
+namespace {
 
 // The backward strategy `options` resolves to for these sizes on this process's threads:
 // (name, ownership chunks, bytes of private grad_value copies). For tests and tools.
@@ -904,8 +919,6 @@ at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& top_left,
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &msda_forward, "MSDA forward (CPU)");
-  m.def("backward", &msda_backward, "MSDA backward (CPU): grad value, locations, weights");
   m.def("backward_plan", &backward_plan,
         "backward strategy for sizes (B, K, NH, D, Q, elem_bytes, options): name, chunks, "
         "bytes of private copies");

@@ -8,7 +8,7 @@ from . import (  # noqa: F401  (register)
     npu_impl,
     triton_impl,
 )
-from .api import multi_scale_deformable_attn
+from .api import multi_scale_deformable_attn, prepare
 from .inputs import MSDAInputs, validate_inputs
 from .registry import (
     MSDAImpl,
@@ -30,6 +30,7 @@ __all__ = [
     "msda_impls",
     "msda_variants",
     "multi_scale_deformable_attn",
+    "prepare",
     "register",
     "register_variant",
     "registered_impls",

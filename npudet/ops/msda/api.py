@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Dict, Sequence, Union
+
 import torch
 
-from . import observe
-from .inputs import validate_inputs
-from .registry import select_impl
+from . import call_plan, observe
+from .inputs import MSDAInputs, validate_inputs
+from .registry import nondeterministic_reason, select_impl
 
 
 def multi_scale_deformable_attn(
@@ -30,23 +32,36 @@ def multi_scale_deformable_attn(
         attention_weights: (bs, num_queries, num_heads, num_levels, num_points).
         impl: a name from ``msda_impls()`` (or an experiment variant from
             ``msda_variants()``), used as given; or ``"auto"``: the fastest that fits and
-            has been verified on this device (``registry.select_impl``).
+            has been verified on this device (``registry.select_impl``). The decision
+            is made once per call signature (``call_plan``).
 
     Returns:
         (bs, num_queries, num_heads * head_dim), the dtype of ``value``.
     """
+    plan = call_plan.lookup(
+        impl, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    )
+    if plan is not None:
+        return plan.kernel(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
     if not isinstance(impl, str):
         raise TypeError(f"impl: expected a string, got {type(impl).__name__}")
+    compiling = torch.compiler.is_compiling()
     inputs = validate_inputs(
         value,
         spatial_shapes,
         level_start_index,
         sampling_locations,
         attention_weights,
-        check_values=not torch.compiler.is_compiling(),
+        check_values=not compiling,
     )
     chosen = select_impl(impl, inputs)
-    if observe._ACTIVE and not torch.compiler.is_compiling():
+    if compiling:
+        return chosen.forward(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+    if observe._ACTIVE:
         call = observe.MSDACall(
             chosen.NAME,
             value,
@@ -56,6 +71,50 @@ def multi_scale_deformable_attn(
             attention_weights,
         )
         return observe.run_observed(call, lambda c: chosen.forward(*c.tensors()))
-    return chosen.forward(
-        value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-    )
+    kernel = chosen.bind(inputs)
+    if not nondeterministic_reason(chosen, inputs):  # a warning is given on every call
+        key = call_plan.signature(
+            impl, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+        call_plan.store(key, kernel, inputs.num_keys).check_levels(
+            spatial_shapes, level_start_index
+        )
+    return kernel(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+
+
+def prepare(
+    device: Union[str, torch.device],
+    dtypes: Sequence[torch.dtype] = (torch.float32,),
+    impl: str = "auto",
+) -> Dict[torch.dtype, str]:
+    """Make every decision ``auto`` would make at a first call, now: for each dtype, walk
+    the device's priority list, build what must be built (the ``cpu`` kernel) and run the
+    verification of each candidate until one is trusted.
+
+    Call it before capturing a CUDA graph or an NPU graph (or compiling with
+    ``mode="reduce-overhead"``): a verification inside a capture would sync and allocate on
+    the host. Then run each call signature once outside the capture, as CUDA-graph capture
+    wants anyway (kernel compilation, the call plan, the level tensors' one host read);
+    the calls inside read nothing back and decide nothing.
+
+    Returns:
+        dtype -> the implementation a call of a usual size (head_dim 32, 4 levels, 4
+        points) gets, e.g. ``{torch.float32: "cpu"}``.
+    """
+    device = torch.device(device)
+    chosen = {}
+    for dtype in dtypes:
+        typical = MSDAInputs(
+            device_type=device.type,
+            dtype=dtype,
+            batch=1,
+            num_keys=100,
+            num_heads=8,
+            head_dim=32,
+            num_levels=4,
+            num_queries=100,
+            num_points=4,
+            requires_grad=True,
+        )
+        chosen[dtype] = select_impl(impl, typical).NAME
+    return chosen

@@ -1,10 +1,11 @@
-"""``cpu``: the fused C++/OpenMP kernel (``ops/cpu/msda_cpu.cpp``) as torch custom ops.
+"""``cpu``: the fused C++/OpenMP kernel (``ops/cpu/msda_cpu.cpp``) as torch ops whose
+autograd is C++ too (``ops/cpu/msda_cpu_op.cpp``): a call is one dispatcher call.
 
 The kernel is built on first use for the instruction set chosen at run time from the CPU's
 features (``cpu_isa``; ``NPUDET_CPU_ISA`` forces one); ``isa()`` names the one loaded.
 
 The kernel's design choices are one typed option set, ``cpu_options.CPUKernelOptions``,
-passed to the custom ops as ``as_ints()``. Experiment variants (``msda_variants()``, not
+passed to the ops as ``as_ints()``. Experiment variants (``msda_variants()``, not
 ``msda_impls()``) let the benchmark and the ablation tool price each choice; each differs
 from ``cpu`` (the defaults: fused 4-corner pass, prefetch, query order, ``auto`` backward)
 in exactly the one option its name says: ``cpu_atomic`` (backward="atomic"),
@@ -14,14 +15,32 @@ in exactly the one option its name says: ``cpu_atomic`` (backward="atomic"),
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import os
+from typing import List, Optional
 
 import torch
 
 from . import cpu_isa
 from .cpu_options import CPUKernelOptions
+from .inputs import MSDAInputs
 from .native_build import load_extension
-from .registry import MSDAImpl, register, register_variant
+from .registry import Kernel, MSDAImpl, register, register_variant
+
+# NPUDET_CPU_SANITIZE=1 builds the kernel with AddressSanitizer and UndefinedBehaviorSanitizer
+# (a build of its own). Python is not built with them: the process must start with the ASan
+# runtime preloaded, as tools/sanitize_cpu.sh does.
+SANITIZE_ENV = "NPUDET_CPU_SANITIZE"
+SANITIZE_FLAGS = [
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+    "-fno-omit-frame-pointer",
+    "-g",
+]
+
+
+def _sanitized() -> bool:
+    return os.environ.get(SANITIZE_ENV, "") not in ("", "0")
+
 
 # The choice made once per process: "isa" (a cpu_isa variant name) and "ext" (the module,
 # or why no variant could be loaded).
@@ -39,15 +58,17 @@ def _load():
         _chosen["ext"] = variants
         return variants
     failures = []
+    suffix, flags = ("_sanitized", SANITIZE_FLAGS) if _sanitized() else ("", [])
     for variant in variants:
         ext = load_extension(
-            f"npudet_msda_cpu_{variant.name}",
-            ["cpu/msda_cpu.cpp"],
-            [variant.march],
+            f"npudet_msda_cpu_{variant.name}{suffix}",
+            ["cpu/msda_cpu.cpp", "cpu/msda_cpu_op.cpp"],
+            [variant.march, *flags],
             cpu_specific=variant.cpu_specific,
+            extra_ldflags=flags,
         )
         if not isinstance(ext, str):
-            _chosen.update(isa=variant.name, ext=ext)
+            _chosen.update(isa=variant.name, ext=ext, sanitized=bool(flags))
             return ext
         failures.append(ext)
     _chosen["ext"] = "; ".join(failures)
@@ -70,52 +91,35 @@ def ext():
     return ext
 
 
-@torch.library.custom_op("npudet::msda_cpu_forward", mutates_args=(), device_types="cpu")
-def msda_cpu_forward(
-    value: torch.Tensor,
-    spatial_shapes: torch.Tensor,
-    level_start_index: torch.Tensor,
-    sampling_locations: torch.Tensor,
-    attention_weights: torch.Tensor,
-    options: List[int],
-) -> torch.Tensor:
-    """value (bs, keys, heads, D) float32/64 -> (bs, num_queries, heads * D); ``options`` is
-    ``CPUKernelOptions.as_ints()``."""
-    return ext().forward(
-        value, spatial_shapes, level_start_index, sampling_locations, attention_weights, options
-    )
+# The ops' schemas and fake kernels live here, so torch.compile traces a call before the
+# kernel is built; the CPU and Autograd kernels come from the C++ library
+# (ops/cpu/msda_cpu_op.cpp), registered when ``ext()`` loads it: a call is one dispatcher
+# call, forward and backward, with no Python between the op and the kernel.
+_LIB = torch.library.Library("npudet", "FRAGMENT")
+_LIB.define(
+    "msda_cpu_forward(Tensor value, Tensor spatial_shapes, Tensor level_start_index, "
+    "Tensor sampling_locations, Tensor attention_weights, int[] options) -> Tensor"
+)
+_LIB.define(
+    "msda_cpu_backward(Tensor grad_output, Tensor value, Tensor spatial_shapes, "
+    "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights, "
+    "int[] options) -> (Tensor, Tensor, Tensor)"
+)
+# value (bs, keys, heads, D), any floating dtypes (half computed in float32) ->
+# (bs, num_queries, heads * D) of value's dtype; ``options`` is CPUKernelOptions.as_ints().
+# Differentiable w.r.t. value, sampling_locations and attention_weights. Load ``ext()`` first.
+msda_cpu_forward = torch.ops.npudet.msda_cpu_forward.default
+# grad_output (bs, num_queries, heads * D) + the forward's inputs -> the three gradients.
+msda_cpu_backward = torch.ops.npudet.msda_cpu_backward.default
 
 
-@msda_cpu_forward.register_fake
+@torch.library.register_fake("npudet::msda_cpu_forward", lib=_LIB)
 def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, options):
     bs, _, heads, dim = value.shape
     return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
 
 
-@torch.library.custom_op("npudet::msda_cpu_backward", mutates_args=(), device_types="cpu")
-def msda_cpu_backward(
-    grad_output: torch.Tensor,
-    value: torch.Tensor,
-    spatial_shapes: torch.Tensor,
-    level_start_index: torch.Tensor,
-    sampling_locations: torch.Tensor,
-    attention_weights: torch.Tensor,
-    options: List[int],
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients w.r.t. value, sampling_locations and attention_weights."""
-    grad_value, grad_loc, grad_attn = ext().backward(
-        grad_output,
-        value,
-        spatial_shapes,
-        level_start_index,
-        sampling_locations,
-        attention_weights,
-        options,
-    )
-    return grad_value, grad_loc, grad_attn
-
-
-@msda_cpu_backward.register_fake
+@torch.library.register_fake("npudet::msda_cpu_backward", lib=_LIB)
 def _(
     grad_output,
     value,
@@ -126,30 +130,10 @@ def _(
     options,
 ):
     return (
-        torch.empty_like(value),
-        torch.empty_like(sampling_locations),
-        torch.empty_like(attention_weights),
+        torch.empty_like(value, memory_format=torch.contiguous_format),
+        torch.empty_like(sampling_locations, memory_format=torch.contiguous_format),
+        torch.empty_like(attention_weights, memory_format=torch.contiguous_format),
     )
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, options = (
-        inputs
-    )
-    ctx.save_for_backward(
-        value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-    )
-    ctx.options = options
-
-
-def _backward(ctx, grad_output):
-    grad_value, grad_loc, grad_attn = msda_cpu_backward(
-        grad_output.contiguous(), *ctx.saved_tensors, ctx.options
-    )
-    return grad_value, None, None, grad_loc, grad_attn, None
-
-
-msda_cpu_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 class CPUImpl(MSDAImpl):
@@ -170,17 +154,33 @@ class CPUImpl(MSDAImpl):
     def forward(
         self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
     ):
-        dtype = value.dtype
-        compute = dtype if dtype in (torch.float32, torch.float64) else torch.float32
-        out = msda_cpu_forward(
-            value.to(compute).contiguous(),
+        return msda_cpu_forward(
+            value,
             spatial_shapes,
             level_start_index,
-            sampling_locations.to(compute).contiguous(),
-            attention_weights.to(compute).contiguous(),
+            sampling_locations,
+            attention_weights,
             self.OPTIONS.as_ints(),
         )
-        return out.to(dtype)
+
+    def build_info(self) -> str:
+        return f"{isa()} build" + (", sanitized" if _chosen.get("sanitized") else "")
+
+    def bind(self, inputs: MSDAInputs) -> Kernel:
+        ext()  # the op's kernels are registered when the library loads
+        op, options = msda_cpu_forward, self.OPTIONS.as_ints()
+
+        def run(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+            return op(
+                value,
+                spatial_shapes,
+                level_start_index,
+                sampling_locations,
+                attention_weights,
+                options,
+            )
+
+        return run
 
 
 class CPUAtomicImpl(CPUImpl):

@@ -57,7 +57,8 @@ def cache_dir(
 ) -> Path:
     """The build folder for extension ``name`` from ``sources`` compiled with ``flags``."""
     digest = hashlib.sha256()
-    for src in sources:
+    headers = sorted({h for src in sources for h in src.parent.glob("*.h")})
+    for src in [*sources, *headers]:  # a header edit must rebuild too
         digest.update(src.read_bytes())
     parts = [*flags, torch.__version__, sys.version, platform.machine()]
     if cpu_specific:
@@ -81,11 +82,13 @@ def load_extension(
     relative_sources: List[str],
     extra_flags: Sequence[str] = (),
     cpu_specific: bool = False,
+    extra_ldflags: Sequence[str] = (),
 ) -> Union[ModuleType, str]:
     """Build (once) and import extension ``name``; on failure return the reason as a string.
 
     ``relative_sources`` are paths under ``ops/``; ``extra_flags`` follow ``FLAGS`` (e.g.
-    ``-march=x86-64-v3``); ``cpu_specific`` keys the cache by this CPU (``-march=native``).
+    ``-march=x86-64-v3``); ``cpu_specific`` keys the cache by this CPU (``-march=native``);
+    ``extra_ldflags`` follow ``-fopenmp`` at link time.
     Each distinct build needs a distinct ``name``: torch imports an extension by name.
     """
     if name in _loaded:
@@ -110,7 +113,7 @@ def load_extension(
             name=name,
             sources=[str(s) for s in sources],
             extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
+            extra_ldflags=["-fopenmp", *extra_ldflags],
             build_directory=str(build),
             verbose=False,
         )

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from . import verification
+from . import call_plan, verification
+from .call_plan import Kernel
 from .inputs import MSDAInputs
 
 logger = logging.getLogger("npudet")
@@ -68,6 +69,16 @@ class MSDAImpl:
         """(bs, num_keys, heads, D), ... -> (bs, num_queries, heads * D)."""
         raise NotImplementedError
 
+    def build_info(self) -> str:
+        """What build of this implementation runs here, for the log (e.g. the CPU kernel's
+        instruction-set variant); empty when there is nothing to say."""
+        return ""
+
+    def bind(self, inputs: MSDAInputs) -> Kernel:
+        """``forward`` for calls of ``inputs``' signature, with whatever can be decided from
+        it decided now (kernel options, launch plans): what a steady-state call runs."""
+        return self.forward
+
 
 _REGISTRY: Dict[str, MSDAImpl] = {}
 _VARIANTS: Set[str] = set()
@@ -96,6 +107,7 @@ def register(impl: MSDAImpl) -> MSDAImpl:
         raise ValueError("impl.NAME: expected a non-empty name")
     _REGISTRY[impl.NAME] = impl
     _VARIANTS.discard(impl.NAME)
+    call_plan.clear()
     return impl
 
 
@@ -160,6 +172,26 @@ def _verdict(name: str, device_type: str, dtype: torch.dtype) -> str:
     return verification.verdict(name, device_type, dtype)
 
 
+def _announce(name: str, inputs: MSDAInputs, rejected: List[Tuple[str, List[str]]]) -> None:
+    """Log ``auto``'s choice on the ``npudet`` logger (a training run's log through
+    ``npudet.engine``): INFO once per (device, dtype, choice, skipped), and a WARNING for
+    each candidate skipped because it failed verification."""
+    where = f"{inputs.device_type} {verification.dtype_name(inputs.dtype)}"
+    build = _REGISTRY[name].build_info()
+    skipped = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected)
+    logger.info(
+        "npudet MSDA auto on %s: using %r%s%s",
+        where,
+        name,
+        f" ({build})" if build else "",
+        f" (skipped {skipped})" if skipped else "",
+    )
+    for candidate, reasons in rejected:
+        for reason in reasons:
+            if reason.startswith("failed verification"):
+                logger.warning("npudet MSDA auto on %s: not using %r: %s", where, candidate, reason)
+
+
 def nondeterministic_reason(impl: MSDAImpl, inputs: MSDAInputs) -> str:
     """Why ``impl`` breaks deterministic mode for this call ('' when it does not).
 
@@ -215,17 +247,11 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
             error = _verdict(name, inputs.device_type, inputs.dtype)
             reasons = [f"failed verification: {error}"] if error else []
         if not reasons:
-            key = (inputs.device_type, name, tuple(r for r, _ in rejected))
+            key = (inputs.device_type, inputs.dtype, name, tuple(r for r, _ in rejected))
             # Logging does not trace; a compiled call's choice is the eager one's.
             if not torch.compiler.is_compiling() and key not in _announced:
                 _announced.add(key)
-                skipped = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected)
-                logger.info(
-                    "npudet MSDA auto on %s: using %r%s",
-                    inputs.device_type,
-                    name,
-                    f" (skipped {skipped})" if skipped else "",
-                )
+                _announce(name, inputs, rejected)
             return _REGISTRY[name]
         rejected.append((name, reasons))
     listed = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected) or "none registered"

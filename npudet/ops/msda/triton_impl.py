@@ -23,7 +23,7 @@ import torch
 from npudet.utils.packages import importable
 
 from .inputs import MSDAInputs
-from .registry import MSDAImpl, register
+from .registry import Kernel, MSDAImpl, register
 from .triton_launch import KernelLaunch, MSDAShape, plan_launches, schedule_for
 
 _KERNELS = f"{__package__}.triton_kernels"
@@ -57,86 +57,111 @@ def _cpu_reasons() -> tuple:
     )
 
 
-def _plan(
-    value: torch.Tensor, level_tensors: Sequence[torch.Tensor], sampling_locations: torch.Tensor
-) -> Tuple[Dict[str, KernelLaunch], List[torch.Tensor]]:
-    """The launches of this call (``triton_launch.plan_launches``) and the level tensors.
+# The runtime arguments each op can pass, in the order its launchers take them.
+FWD_ARGS = ("value", "shapes", "starts", "loc", "attn", "out", "batch", "num_keys", "num_queries")
+BWD_ARGS = (
+    "grad_out",
+    "value",
+    "shapes",
+    "starts",
+    "loc",
+    "attn",
+    "grad_value",
+    "grad_loc",
+    "grad_attn",
+    "batch",
+    "num_keys",
+    "num_queries",
+)
 
-    spatial_shapes and level_start_index are passed as they are when their dtypes agree,
-    else both as int64 (one index type per kernel signature).
-    """
-    if len({t.dtype for t in level_tensors}) > 1:
-        level_tensors = [t.to(torch.int64) for t in level_tensors]
+
+class Launcher:
+    """One planned launch, bound once: the kernel object, its grid, its constexprs, and the
+    positions of its runtime arguments among ``FWD_ARGS`` / ``BWD_ARGS``."""
+
+    __slots__ = ("launch", "_bound", "_order", "_meta")
+
+    def __init__(self, launch: KernelLaunch, arg_names: Sequence[str]) -> None:
+        module = importlib.import_module(f"{__package__}.{launch.module}")
+        self.launch = launch
+        self._bound = getattr(module, launch.kernel)[launch.grid]
+        self._order = tuple(arg_names.index(name) for name in launch.signature)
+        self._meta = dict(launch.constexprs, num_warps=launch.num_warps)
+
+    def __call__(self, *args: object) -> None:
+        self._bound(*[args[i] for i in self._order], **self._meta)
+
+
+def build_launchers(
+    schedule: str, dtype: str, shape: MSDAShape, index_dtype: str
+) -> Tuple[Launcher, Launcher]:
+    """The forward and backward launchers of a call (``triton_launch.plan_launches``)."""
+    plans = plan_launches(schedule, dtype, shape, index_dtype)
+    return Launcher(plans["fwd"], FWD_ARGS), Launcher(plans["bwd"], BWD_ARGS)
+
+
+# (schedule, dtype, shape, index dtype) -> launchers: planned and bound once per signature.
+_LAUNCHERS: Dict[tuple, Tuple[Launcher, Launcher]] = {}
+
+
+def _launchers(
+    value: torch.Tensor, shapes: torch.Tensor, sampling_locations: torch.Tensor
+) -> Tuple[Launcher, Launcher]:
     bs, num_keys, heads, dim = value.shape
     num_queries, levels, points = (sampling_locations.shape[i] for i in (1, 3, 4))
-    shape = MSDAShape(bs, num_keys, num_queries, heads, dim, levels, points)
-    launches = plan_launches(
+    key = (
         schedule_for(value.device.type),
-        str(value.dtype).removeprefix("torch."),
-        shape,
-        str(level_tensors[0].dtype).removeprefix("torch."),
+        value.dtype,
+        (bs, num_keys, num_queries, heads, dim, levels, points),
+        shapes.dtype,
     )
-    return launches, list(level_tensors)
-
-
-def _run(launch: KernelLaunch, device: torch.device, args: Dict[str, object]) -> None:
-    """Launch exactly ``launch``, binding its runtime arguments by name from ``args``."""
-    kernel = getattr(importlib.import_module(f"{__package__}.{launch.module}"), launch.kernel)
-    guard = (
-        contextlib.nullcontext()
-        if device.type == "cpu"
-        else torch.get_device_module(device).device(device)
-    )
-    with guard:
-        kernel[launch.grid](
-            **{name: args[name] for name in launch.signature},
-            **launch.constexprs,
-            num_warps=launch.num_warps,
+    launchers = _LAUNCHERS.get(key)
+    if launchers is None:
+        launchers = _LAUNCHERS[key] = build_launchers(
+            key[0],
+            str(value.dtype).removeprefix("torch."),
+            MSDAShape(*key[2]),
+            str(shapes.dtype).removeprefix("torch."),
         )
+    return launchers
 
 
-@torch.library.custom_op("npudet::msda_triton_forward", mutates_args=())
-def msda_triton_forward(
+def _levels(
+    spatial_shapes: torch.Tensor, level_start_index: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Both level tensors contiguous in one index dtype (int64 when theirs differ): one index
+    type per kernel signature."""
+    if spatial_shapes.dtype != level_start_index.dtype:
+        spatial_shapes, level_start_index = spatial_shapes.long(), level_start_index.long()
+    return spatial_shapes.contiguous(), level_start_index.contiguous()
+
+
+def _device_guard(device: torch.device):
+    """The launch's device made current (a no-op for CPU tensors under the interpreter)."""
+    if device.type == "cpu":
+        return contextlib.nullcontext()
+    return torch.get_device_module(device).device(device)
+
+
+def _forward(
     value: torch.Tensor,
     spatial_shapes: torch.Tensor,
     level_start_index: torch.Tensor,
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
 ) -> torch.Tensor:
-    """value (bs, keys, heads, D) -> (bs, num_queries, heads * D), the dtype of value."""
-    value, spatial_shapes, level_start_index, sampling_locations, attention_weights = (
-        t.contiguous()
-        for t in (value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
-    )
+    value, loc, attn = (t.contiguous() for t in (value, sampling_locations, attention_weights))
+    shapes, starts = _levels(spatial_shapes, level_start_index)
     bs, num_keys, heads, dim = value.shape
-    num_queries = sampling_locations.shape[1]
-    launches, (shapes, starts) = _plan(
-        value, (spatial_shapes, level_start_index), sampling_locations
-    )
+    num_queries = loc.shape[1]
     out = value.new_empty((bs, num_queries, heads * dim))
-    args = dict(
-        value=value,
-        shapes=shapes,
-        starts=starts,
-        loc=sampling_locations,
-        attn=attention_weights,
-        out=out,
-        batch=bs,
-        num_keys=num_keys,
-        num_queries=num_queries,
-    )
-    _run(launches["fwd"], value.device, args)
+    fwd, _ = _launchers(value, shapes, loc)
+    with _device_guard(value.device):
+        fwd(value, shapes, starts, loc, attn, out, bs, num_keys, num_queries)
     return out
 
 
-@msda_triton_forward.register_fake
-def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-    bs, _, heads, dim = value.shape
-    return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
-
-
-@torch.library.custom_op("npudet::msda_triton_backward", mutates_args=())
-def msda_triton_backward(
+def _backward(
     grad_output: torch.Tensor,
     value: torch.Tensor,
     spatial_shapes: torch.Tensor,
@@ -144,44 +169,63 @@ def msda_triton_backward(
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """grad_output (bs, num_queries, heads * D) -> grads of value, locations, weights."""
-    grad_output, value, spatial_shapes, level_start_index, sampling_locations, attention_weights = (
-        t.contiguous()
-        for t in (
-            grad_output,
-            value,
-            spatial_shapes,
-            level_start_index,
-            sampling_locations,
-            attention_weights,
-        )
+    grad_out, value, loc, attn = (
+        t.contiguous() for t in (grad_output, value, sampling_locations, attention_weights)
     )
-    launches, (shapes, starts) = _plan(
-        value, (spatial_shapes, level_start_index), sampling_locations
-    )
+    shapes, starts = _levels(spatial_shapes, level_start_index)
     acc = torch.float64 if value.dtype == torch.float64 else torch.float32
     grad_value = torch.zeros(value.shape, dtype=acc, device=value.device)
-    grad_loc = torch.empty_like(sampling_locations)
-    grad_attn = torch.empty_like(attention_weights)
-    args = dict(
-        grad_out=grad_output,
-        value=value,
-        shapes=shapes,
-        starts=starts,
-        loc=sampling_locations,
-        attn=attention_weights,
-        grad_value=grad_value,
-        grad_loc=grad_loc,
-        grad_attn=grad_attn,
-        batch=value.shape[0],
-        num_keys=value.shape[1],
-        num_queries=sampling_locations.shape[1],
-    )
-    _run(launches["bwd"], value.device, args)
+    grad_loc = torch.empty_like(loc)
+    grad_attn = torch.empty_like(attn)
+    _, bwd = _launchers(value, shapes, loc)
+    with _device_guard(value.device):
+        bwd(
+            grad_out,
+            value,
+            shapes,
+            starts,
+            loc,
+            attn,
+            grad_value,
+            grad_loc,
+            grad_attn,
+            value.shape[0],
+            value.shape[1],
+            loc.shape[1],
+        )
     return grad_value.to(value.dtype), grad_loc, grad_attn
 
 
-@msda_triton_backward.register_fake
+# Two plain ops (schema, one Python kernel for every device, fake kernels) under one
+# autograd.Function: an eager call goes Function -> dispatcher -> kernel, without the
+# Python layers of torch.library.custom_op (its autograd and backend wrappers, argument
+# binding); torch.compile traces the Function and keeps each op as one node.
+_LIB = torch.library.Library("npudet", "FRAGMENT")
+_LIB.define(
+    "msda_triton_forward(Tensor value, Tensor spatial_shapes, Tensor level_start_index, "
+    "Tensor sampling_locations, Tensor attention_weights) -> Tensor"
+)
+_LIB.define(
+    "msda_triton_backward(Tensor grad_output, Tensor value, Tensor spatial_shapes, "
+    "Tensor level_start_index, Tensor sampling_locations, Tensor attention_weights) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+_LIB.impl("msda_triton_forward", _forward, "CompositeExplicitAutograd")
+_LIB.impl("msda_triton_backward", _backward, "CompositeExplicitAutograd")
+# value (bs, keys, heads, D) -> (bs, num_queries, heads * D), the dtype of value. Not
+# differentiable itself: ``msda_triton`` is.
+msda_triton_forward = torch.ops.npudet.msda_triton_forward.default
+# grad_output (bs, num_queries, heads * D) + the forward's inputs -> the three gradients.
+msda_triton_backward = torch.ops.npudet.msda_triton_backward.default
+
+
+@torch.library.register_fake("npudet::msda_triton_forward", lib=_LIB)
+def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    bs, _, heads, dim = value.shape
+    return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
+
+
+@torch.library.register_fake("npudet::msda_triton_backward", lib=_LIB)
 def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
     return (
         torch.empty_like(value, memory_format=torch.contiguous_format),
@@ -190,16 +234,43 @@ def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
     )
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
+class _MSDATriton(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    ):
+        ctx.save_for_backward(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+        return msda_triton_forward(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_value, grad_loc, grad_attn = msda_triton_backward(grad_output, *ctx.saved_tensors)
+        return grad_value, None, None, grad_loc, grad_attn
 
 
-def _backward(ctx, grad_output):
-    grad_value, grad_loc, grad_attn = msda_triton_backward(grad_output, *ctx.saved_tensors)
-    return grad_value, None, None, grad_loc, grad_attn
-
-
-msda_triton_forward.register_autograd(_backward, setup_context=_setup_context)
+def msda_triton(
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+) -> torch.Tensor:
+    """value (bs, keys, heads, D) -> (bs, num_queries, heads * D), differentiable w.r.t.
+    value, sampling_locations and attention_weights; a call that needs no gradient goes
+    straight to the forward op."""
+    if torch.is_grad_enabled() and (
+        value.requires_grad or sampling_locations.requires_grad or attention_weights.requires_grad
+    ):
+        return _MSDATriton.apply(
+            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+    return msda_triton_forward(
+        value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+    )
 
 
 class TritonImpl(MSDAImpl):
@@ -228,9 +299,12 @@ class TritonImpl(MSDAImpl):
     def forward(
         self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
     ):
-        return msda_triton_forward(
+        return msda_triton(
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights
         )
+
+    def bind(self, inputs: MSDAInputs) -> Kernel:
+        return msda_triton
 
 
 register(TritonImpl())

@@ -78,6 +78,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 from npudet.utils.device import device_name
 from npudet.utils.json_io import write_json_atomic
 
+from . import call_plan
+
 logger = logging.getLogger(__name__)
 
 VERIFY_FILE_ENV = "NPUDET_VERIFY_FILE"
@@ -367,6 +369,7 @@ def reset() -> None:
     _loaded.clear()
     _orders.clear()
     _stale_logged.clear()
+    call_plan.clear()  # the plans were decided on these verdicts
 
 
 def current_device_name(device_type: str) -> Optional[str]:

@@ -1,0 +1,146 @@
+"""Call plans: a steady-state MSDA call decides nothing, it looks its decision up.
+
+The first call of a signature takes the whole path: ``validate_inputs`` (shapes, dtypes,
+devices, the level tensors' values) and ``select_impl`` (``auto``'s walk of the priority
+list, verification, determinism). Its outcome is kept as a ``Plan``: the implementation's
+kernel bound to the signature (``MSDAImpl.bind``: options, launch plans). A later call
+with the same signature builds one tuple, finds the plan and calls the kernel.
+
+The signature is everything validation and selection read except the level tensors'
+values: ``impl``; shape, dtype and device of all five inputs; whether a gradient can flow
+(grad mode, requires_grad); the deterministic-algorithms flags. An input that differs
+in any of these misses and takes the whole path, which refuses it with the usual error.
+The level tensors' values are checked per tensor pair: a plan remembers the last pair it
+saw with their in-place write counts (``_version``), so the same tensors, unmodified, are
+not read again; other tensors, or the same after an in-place write, are read and checked
+(``inputs._check_levels``: one host read, an error naming the argument).
+
+Plans are dropped (``clear``) when anything they were decided on changes: an
+implementation registered, verification records reset or saved. Observers and
+``torch.compile`` tracing never use plans.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from . import observe
+from .inputs import _check_levels
+
+Kernel = Callable[..., torch.Tensor]
+# Distinct signatures kept; beyond it the oldest plan goes (a model has a handful).
+MAX_PLANS = 512
+
+
+class Plan:
+    """A bound kernel and the level tensors last checked with it."""
+
+    __slots__ = ("kernel", "num_keys", "_shapes", "_starts", "_versions")
+
+    def __init__(self, kernel: Kernel, num_keys: int) -> None:
+        self.kernel = kernel
+        self.num_keys = num_keys
+        self._shapes: Optional[weakref.ref] = None
+        self._starts: Optional[weakref.ref] = None
+        self._versions: Tuple[int, int] = (-1, -1)
+
+    def check_levels(self, spatial_shapes: torch.Tensor, level_start_index: torch.Tensor) -> None:
+        """Raise as ``validate_inputs`` would unless these level tensors hold a valid layout;
+        reads them only when they are not the pair last checked, unmodified."""
+        shapes_ref, starts_ref = self._shapes, self._starts
+        if (
+            shapes_ref is not None
+            and shapes_ref() is spatial_shapes
+            and starts_ref() is level_start_index
+            and (spatial_shapes._version, level_start_index._version) == self._versions
+        ):
+            return
+        _check_levels(spatial_shapes, level_start_index, self.num_keys)
+        if spatial_shapes.is_inference() or level_start_index.is_inference():
+            return  # no write counts: read on every call
+        self._shapes = weakref.ref(spatial_shapes)
+        self._starts = weakref.ref(level_start_index)
+        self._versions = (spatial_shapes._version, level_start_index._version)
+
+
+_PLANS: Dict[tuple, Plan] = {}
+
+
+def signature(
+    impl: str,
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+) -> tuple:
+    """The key of a call's plan (module docstring). Raises AttributeError on a non-tensor."""
+    return (
+        impl,
+        value.shape,
+        value.dtype,
+        value.device,
+        value.requires_grad,
+        spatial_shapes.shape,
+        spatial_shapes.dtype,
+        spatial_shapes.device,
+        level_start_index.shape,
+        level_start_index.dtype,
+        level_start_index.device,
+        sampling_locations.shape,
+        sampling_locations.dtype,
+        sampling_locations.device,
+        sampling_locations.requires_grad,
+        attention_weights.shape,
+        attention_weights.dtype,
+        attention_weights.device,
+        attention_weights.requires_grad,
+        torch.is_grad_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+
+
+def lookup(
+    impl: str,
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+) -> Optional[Plan]:
+    """The plan of this call's signature with its level tensors checked, or None (no plan
+    yet, an observer active, tracing, or arguments that are not tensors / a str impl)."""
+    if observe._ACTIVE or type(impl) is not str or torch.compiler.is_compiling():
+        return None
+    try:
+        key = signature(
+            impl, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+        )
+    except AttributeError:
+        return None
+    plan = _PLANS.get(key)
+    if plan is not None:
+        plan.check_levels(spatial_shapes, level_start_index)
+    return plan
+
+
+def store(key: tuple, kernel: Kernel, num_keys: int) -> Plan:
+    """Keep ``kernel`` as the plan of signature ``key``."""
+    if len(_PLANS) >= MAX_PLANS:
+        del _PLANS[next(iter(_PLANS))]
+    plan = _PLANS[key] = Plan(kernel, num_keys)
+    return plan
+
+
+def clear() -> None:
+    """Drop every plan (what they were decided on has changed)."""
+    _PLANS.clear()
+
+
+def count() -> int:
+    """How many plans are kept."""
+    return len(_PLANS)
