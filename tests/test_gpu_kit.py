@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from npudet.gpu_kit import ddetr, report
-from npudet.ops.msda import mmcv_cuda_lib, mmcv_impl
-from npudet.ops.msda.cases import LARGE_CASES
+from npudet.gpu_kit import run as kit_run
+from npudet.ops.msda import mmcv_cuda_lib, mmcv_impl, msda_impls
+from npudet.ops.msda.cases import CASES, LARGE_CASES
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -129,6 +130,20 @@ def test_goals_from_a_report():
     assert goals["triton vs mmcv fwd+bwd, float16"]["x"] is None  # no float16 triton row
     training = goals["training iteration, triton vs grid_sample"]
     assert training["x"] == pytest.approx(1.25) and training["met"] is False
+
+
+def test_gpu_plan_covers_the_issue_cases():
+    """On a GPU with the mmcv library: every model and training-size case, the four
+    implementations in float32, mmcv in float16 only (it has no bfloat16 kernel)."""
+    if "triton" not in msda_impls():
+        pytest.skip("triton not installed")
+    plans = {d: kit_run.bench_plan(d, "cuda", False, mmcv_lib=True) for d in kit_run.DTYPE_IMPLS}
+    cases, impls, repeat, _ = plans["float32"]
+    assert set(cases) == set(CASES) | set(LARGE_CASES) and repeat == 10
+    assert impls == ["grid_sample", "gather", "triton", "mmcv"]
+    assert "mmcv" in plans["float16"][1] and "mmcv" not in plans["bfloat16"][1]
+    assert "mmcv" not in kit_run.bench_plan("float32", "cuda", False, mmcv_lib=False)[1]
+    assert kit_run.bench_plan("float32", "cpu", True, False)[1] == ["grid_sample", "gather"]
 
 
 def test_training_model_matches_the_benchmark_case():

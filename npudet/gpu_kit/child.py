@@ -118,7 +118,11 @@ def _shape(dry_run: bool) -> ddetr.DDETRShape:
 
 def train(args: argparse.Namespace) -> int:
     warmup, iters = (1, 1) if args.dry_run else (3, 10)
-    result = ddetr.time_training(args.impl, args.device, _shape(args.dry_run), warmup, iters)
+    try:
+        result = ddetr.time_training(args.impl, args.device, _shape(args.dry_run), warmup, iters)
+    except Exception as exc:  # out of memory, a kernel error: the report says which
+        write_json(args.json, {"impl": args.impl, "error": f"{type(exc).__name__}: {exc}"[:500]})
+        raise
     write_json(args.json, result)
     return 0
 
@@ -138,10 +142,17 @@ def compile_layer(args: argparse.Namespace) -> int:
 
 
 def build(args: argparse.Namespace) -> int:
+    """Build the library and, unless ``--compile-only``, load it and run one small forward
+    (an undefined symbol or a kernel that does not launch shows here, not mid-benchmark)."""
     try:
         record = mmcv_cuda_lib.build(args.sources, args.build_dir, args.arch, args.compile_only)
-    except (RuntimeError, FileNotFoundError) as exc:
-        record = {"error": str(exc)}
+        if record["library"]:
+            ops = mmcv_cuda_lib.load(record["library"])
+            inputs = make_inputs(DRY_CASE, device="cuda")
+            out = ops.ms_deform_attn_forward(*inputs, 64)
+            record["smoke_output_shape"] = list(out.shape)
+    except (RuntimeError, FileNotFoundError, OSError) as exc:
+        record = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
     write_json(args.json, record)
     return 0 if "error" not in record else 1
 

@@ -326,8 +326,12 @@ def time_encoder_layer(
         return result
     compiled = torch.compile(layer, mode=mode, backend=backend)
     start = time.perf_counter()
-    step(compiled)()
-    _sync(device)
+    try:
+        step(compiled)()
+        _sync(device)
+    except Exception as exc:  # that it does not compile is a result too
+        result["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        return result
     result["compile_s"] = time.perf_counter() - start
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -72,6 +72,15 @@ def usable(name: str, device: str, mmcv_lib: bool) -> bool:
     return name in msda_impls() and device in get_impl(name).DEVICES
 
 
+def bench_plan(dtype: str, device: str, dry_run: bool, mmcv_lib: bool):
+    """(cases, implementations, timed rounds, cap in s) of the benchmark part in ``dtype``:
+    the five model cases and the three training-size ones (a dry run: one tiny case)."""
+    impls = [n for n in DTYPE_IMPLS[dtype] if usable(n, device, mmcv_lib)]
+    if dry_run:
+        return [child.DRY_CASE.name], impls, 1, 60.0
+    return [*CASES, *LARGE_CASES], impls, 10, 150.0 if dtype == "float32" else 100.0
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """End a child and everything it started (check_device's own children too)."""
     try:
@@ -207,14 +216,10 @@ class Kit:
         return mmcv_cuda_lib.LIB_ENV in self.env
 
     def bench_part(self, dtype: str, mmcv_lib: bool) -> Optional[Part]:
-        impls = [n for n in DTYPE_IMPLS[dtype] if usable(n, self.device, mmcv_lib)]
+        cases, impls, repeat, cap = bench_plan(dtype, self.device, self.dry_run, mmcv_lib)
         if not any(n != "grid_sample" for n in impls):
             self.note(f"bench_{dtype}", "skipped: no implementation to compare here")
             return None
-        if self.dry_run:
-            cases, repeat, cap = [child.DRY_CASE.name], 1, 60.0
-        else:
-            cases, repeat, cap = [*CASES, *LARGE_CASES], 10, 150.0 if dtype == "float32" else 100.0
         path = self.work / f"bench_{dtype}.json"
         cmd = self._child("bench", "--json", str(path), "--device", self.device, "--dtype", dtype)
         cmd += ["--cases", ",".join(cases), "--impls", ",".join(impls), "--repeat", str(repeat)]
@@ -230,8 +235,9 @@ class Kit:
     def run_model_part(self, kind: str, impl: str) -> None:
         part = self.model_part(kind, impl)
         result = self.run_part(part) or {"impl": impl}
-        if self.report["parts"][part.name]["status"] != "ok":
-            result["error"] = self.report["parts"][part.name]["status"]
+        status = self.report["parts"][part.name]["status"]
+        if status != "ok":  # the child's own error first, when it wrote one
+            result["error"] = result.get("error") or status
         self.report[kind].append(result)
         self.save()
 

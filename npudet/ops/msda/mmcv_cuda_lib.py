@@ -187,11 +187,12 @@ def build_commands(
     nvcc = [str(cuda / "bin" / "nvcc"), "-std=c++20", "-O3", "-Xcompiler", "-fPIC", abi]
     nvcc += [*COMMON_NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", *includes]
     nvcc += ["-c", str(sources / KERNEL), "-o", str(kernel_obj)]
-    cxx = [os.environ.get("CXX", "c++"), "-std=c++20", "-O2", "-fPIC", abi, *includes]
+    host = os.environ.get("CXX") or shutil.which("c++") or "g++"
+    cxx = [host, "-std=c++20", "-O2", "-fPIC", abi, *includes]
     cxx += ["-c", str(ops_root / WRAPPER), "-o", str(wrapper_obj)]
     if compile_only:
         return [nvcc, cxx]
-    link = [os.environ.get("CXX", "c++"), "-shared", str(kernel_obj), str(wrapper_obj)]
+    link = [host, "-shared", str(kernel_obj), str(wrapper_obj)]
     link += [f"-L{paths['lib']}", f"-Wl,-rpath,{paths['lib']}"]
     link += ["-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda"]
     # The runtime is found by its soname at load time: torch has loaded it already.
