@@ -11,15 +11,16 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from npudet.gpu_kit import ddetr, report
+from npudet.gpu_kit import child, ddetr, report
 from npudet.gpu_kit import run as kit_run
-from npudet.ops.msda import mmcv_cuda_lib, mmcv_impl, msda_impls
-from npudet.ops.msda.cases import CASES, LARGE_CASES
+from npudet.ops.msda import get_impl, mmcv_cuda_lib, mmcv_impl, msda_impls
+from npudet.ops.msda.cases import CASES, LARGE_CASES, make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -242,6 +243,42 @@ def test_mmcv_cuda_lib_route_reports_a_library_that_does_not_load(monkeypatch, t
         assert mmcv_impl._cuda_lib() == (None, "")
     finally:
         mmcv_impl._cuda_lib.cache_clear()
+
+
+def test_mmcv_cuda_lib_route_wiring(monkeypatch):
+    """The ``cuda_lib`` route's autograd.Function against stand-in operators with the
+    library's signatures (computed by ``grid_sample``): outputs and the three gradients
+    arrive in the places mmcv's Function gives them."""
+    reference = get_impl("grid_sample")
+    calls = []
+
+    def forward(value, shapes, starts, locations, weights, step):
+        calls.append(step)
+        return reference.forward(value, shapes, starts, locations, weights)
+
+    def backward(value, shapes, starts, locations, weights, grad_output, step):
+        leaves = [t.detach().requires_grad_() for t in (value, locations, weights)]
+        with torch.enable_grad():  # a Function's backward runs without grad mode
+            out = reference.forward(leaves[0], shapes, starts, leaves[1], leaves[2])
+            return torch.autograd.grad(out, leaves, grad_output)
+
+    stand_in = types.SimpleNamespace(
+        ms_deform_attn_forward=forward, ms_deform_attn_backward=backward
+    )
+    monkeypatch.setattr(mmcv_impl, "_cuda_lib", lambda: (stand_in, ""))
+    monkeypatch.setattr(mmcv_impl, "compiled_cuda_version", lambda: None)
+    assert mmcv_impl.route() == "cuda_lib"
+    value, shapes, starts, loc, attn = make_inputs(child.DRY_CASE, dtype=torch.float64)
+    leaves = [t.requires_grad_() for t in (value, loc, attn)]
+    out = get_impl("mmcv").forward(leaves[0], shapes.int(), starts.int(), leaves[1], leaves[2])
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, leaves, grad)
+    expected_out = reference.forward(leaves[0], shapes, starts, leaves[1], leaves[2])
+    expected = torch.autograd.grad(expected_out, leaves, grad)
+    torch.testing.assert_close(out, expected_out)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+    assert calls == [mmcv_impl.IM2COL_STEP]
 
 
 @pytest.mark.slow
