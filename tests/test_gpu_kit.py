@@ -223,12 +223,16 @@ def test_build_commands(tmp_path):
     assert "-gencode=arch=compute_90,code=sm_90" in nvcc and "--expt-relaxed-constexpr" in nvcc
     assert cxx[cxx.index("-c") + 1].endswith(mmcv_cuda_lib.WRAPPER)
     assert f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}" in cxx
-    assert {"-ltorch_cuda", "-lc10_cuda", "-lcudart", "-shared"} <= set(link)
+    assert {"-ltorch_cuda", "-lc10_cuda", "-lcudart", "-shared", "-Wl,--no-undefined"} <= set(link)
     assert link[-1] == str(tmp_path / mmcv_cuda_lib.LIB_NAME)
     assert f"-I{sysconfig.get_paths()['include']}" not in nvcc + cxx  # no Python headers
     torch_has_thc = (Path(torch.__file__).parent / "include" / "THC" / "THCAtomics.cuh").exists()
     assert any("compat" in arg for arg in nvcc) != torch_has_thc
     assert len(mmcv_cuda_lib.build_commands(sources, tmp_path, "90", cuda, compile_only=True)) == 2
+    other = tmp_path / "unpacked" / "torch"  # another torch version's folder
+    nvcc, cxx, link = mmcv_cuda_lib.build_commands(sources, tmp_path, "90", cuda, torch_root=other)
+    assert f"-I{other / 'include'}" in nvcc and f"-I{other / 'include'}" in cxx
+    assert f"-L{other / 'lib'}" in link
 
 
 def test_mmcv_cuda_lib_route_reports_a_library_that_does_not_load(monkeypatch, tmp_path):

@@ -5,6 +5,7 @@
     python3 tools/gpu_kit.py run --out "$OUT"      # on the GPU machine (<= 9 min)
     python tools/gpu_kit.py run --device cpu --dry-run --out /tmp/kit   # small shapes, seconds
     python tools/gpu_kit.py build --build-dir B --arch 90 --compile-only   # nvcc check, no GPU
+    python tools/gpu_kit.py build --build-dir B --arch 90 --torch-root T/torch  # + link, vs T
 
 ``run`` writes ``<gpu>.json``, ``<gpu>.md``, ``<gpu>.log`` and ``<gpu>-check_device.json``
 under ``--out`` (default ``results/device``).
@@ -57,6 +58,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     build.add_argument("--build-dir", type=Path, required=True)
     build.add_argument("--arch", default=None, help='e.g. "90" (default: CUDA device 0\'s)')
     build.add_argument("--compile-only", action="store_true", help="objects only, no link")
+    build.add_argument(
+        "--torch-root",
+        type=Path,
+        default=None,
+        help="build against this torch folder (an unpacked wheel), not the running torch",
+    )
     args = parser.parse_args(argv)
     if args.command == "bundle":
         folder = mmcv_cuda_lib.make_bundle(BUNDLE, args.sdist)
@@ -70,6 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         sources = BUNDLE / mmcv_cuda_lib.BUNDLE_DIR
         cmd = ["build", "--json", str(args.build_dir / "build.json"), "--sources", str(sources)]
         cmd += ["--build-dir", str(args.build_dir)] + (["--arch", args.arch] if args.arch else [])
+        cmd += ["--torch-root", str(args.torch_root)] if args.torch_root else []
         args.build_dir.mkdir(parents=True, exist_ok=True)
         code = child.main(cmd + (["--compile-only"] if args.compile_only else []))
         print((args.build_dir / "build.json").read_text())

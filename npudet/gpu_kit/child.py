@@ -144,8 +144,10 @@ def build(args: argparse.Namespace) -> int:
     """Build the library and, unless ``--compile-only``, load it and run one small forward
     (an undefined symbol or a kernel that does not launch shows here, not mid-benchmark)."""
     try:
-        record = mmcv_cuda_lib.build(args.sources, args.build_dir, args.arch, args.compile_only)
-        if record["library"]:
+        record = mmcv_cuda_lib.build(
+            args.sources, args.build_dir, args.arch, args.compile_only, args.torch_root
+        )
+        if record["library"] and args.torch_root is None:  # built for this torch: load it
             ops = mmcv_cuda_lib.load(record["library"])
             inputs = make_inputs(DRY_CASE, device="cuda")
             out = ops.ms_deform_attn_forward(*inputs, 64)
@@ -182,6 +184,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parts["build"].add_argument("--build-dir", type=Path, required=True)
     parts["build"].add_argument("--arch", default=None)
     parts["build"].add_argument("--compile-only", action="store_true")
+    parts["build"].add_argument("--torch-root", type=Path, default=None)
     args = parser.parse_args(argv)
     return args.func(args)
 

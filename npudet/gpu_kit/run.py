@@ -3,9 +3,10 @@
 Order (most wanted first, so a run cut short keeps it): mmcv's CUDA library starts
 building in the background (CPU work) while ``torch.compile`` of an encoder layer with
 ``triton`` runs on the GPU; then the float32 benchmark (model and training-size cases, the
-four implementations), the training iterations, the half-precision benchmarks, the compile
-check with ``grid_sample``, and last ``tools/check_device.py`` (parity, its own benchmark);
-the host's cost per call (``tools/benchmark_msda.py --host``) after the training iterations.
+four implementations), the training iterations, the host's cost per call
+(``tools/benchmark_msda.py --host``), the half-precision benchmarks,
+``tools/check_device.py`` (parity, its own benchmark), and last the compile check with
+``grid_sample``.
 Every part gets what is left of the budget, at most its cap; the report is rewritten after
 each part. ``dry_run`` runs the same parts on small shapes (seconds, on the CPU).
 """
@@ -293,9 +294,9 @@ class Kit:
         self.run_host_cost()
         self.run_bench("float16", mmcv_lib)
         self.run_bench("bfloat16", mmcv_lib)
+        self.run_check()
         for impl in compile_impls[1:]:
             self.run_model_part("compile", impl)
-        self.run_check()
         self.log.close()
         self._work.cleanup()
         return self.report

@@ -142,31 +142,39 @@ def cuda_home() -> Optional[Path]:
 INCLUDE_ENV = "NPUDET_CUDA_INCLUDE"
 
 
-def library_include_dirs() -> List[Path]:
+def library_include_dirs(torch_root: Optional[Path] = None) -> List[Path]:
     """Where the CUDA libraries' headers that torch's ``ATen/cuda/CUDAContext.h`` includes
-    (cuSPARSE, cuBLAS, cuSOLVER) may be, after the toolkit's own: the ``nvidia/*/include``
-    folders of the pip packages torch's CUDA wheels depend on, and ``$NPUDET_CUDA_INCLUDE``
-    (a path list) for a toolkit that lacks them."""
-    site = Path(torch.__file__).resolve().parents[1]
+    (cuSPARSE, cuBLAS, cuSOLVER) may be, after the toolkit's own: ``$NPUDET_CUDA_INCLUDE``
+    (a path list) for a toolkit that lacks them, and the ``nvidia/*/include`` folders of the
+    pip packages torch's CUDA wheels depend on, beside torch."""
+    site = (torch_root or _torch_paths()["root"]).parent
     extra = [Path(p) for p in os.environ.get(INCLUDE_ENV, "").split(os.pathsep) if p]
     return [*extra, *sorted(site.glob("nvidia/*/include"))]
 
 
-def _torch_paths() -> Dict[str, Path]:
-    root = Path(torch.__file__).resolve().parent
-    return {"include": root / "include", "lib": root / "lib"}
+def _torch_paths(torch_root: Optional[Path] = None) -> Dict[str, Path]:
+    root = torch_root or Path(torch.__file__).resolve().parent
+    return {"root": root, "include": root / "include", "lib": root / "lib"}
 
 
 def build_commands(
-    sources: Path, build_dir: Path, arch: str, cuda: Path, compile_only: bool = False
+    sources: Path,
+    build_dir: Path,
+    arch: str,
+    cuda: Path,
+    compile_only: bool = False,
+    torch_root: Optional[Path] = None,
 ) -> List[List[str]]:
     """The compiler command lines: mmcv's kernel (nvcc) and the wrapper (host c++), then
     the link into ``build_dir/LIB_NAME`` unless ``compile_only``.
 
     Flags follow torch's extensions (C++20, its half/bfloat16 defines, the ABI torch was
-    built with) for ``arch`` only (e.g. "90": sm_90 machine code, no PTX).
+    built with) for ``arch`` only (e.g. "90": sm_90 machine code, no PTX). Headers and
+    libraries are those of the running torch, or of the torch folder ``torch_root`` (an
+    unpacked wheel of another version, to check a build against it). The link refuses
+    undefined symbols: a missing one shows at build time, not when the library loads.
     """
-    paths = _torch_paths()
+    paths = _torch_paths(torch_root)
     ops_root = source_root([WRAPPER, COMPAT_HEADER])
     if ops_root is None:
         raise FileNotFoundError(f"npudet's sources {WRAPPER}, {COMPAT_HEADER} not found")
@@ -176,7 +184,7 @@ def build_commands(
         f"-I{paths['include']}",
         f"-I{paths['include'] / 'torch' / 'csrc' / 'api' / 'include'}",
         f"-I{cuda / 'include'}",
-        *(f"-I{d}" for d in library_include_dirs()),
+        *(f"-I{d}" for d in library_include_dirs(paths["root"])),
     ]
     if not (paths["include"] / "THC" / "THCAtomics.cuh").is_file():
         includes.append(f"-I{ops_root / 'cuda' / 'compat'}")
@@ -192,7 +200,7 @@ def build_commands(
     cxx += ["-c", str(ops_root / WRAPPER), "-o", str(wrapper_obj)]
     if compile_only:
         return [nvcc, cxx]
-    link = [host, "-shared", str(kernel_obj), str(wrapper_obj)]
+    link = [host, "-shared", "-Wl,--no-undefined", str(kernel_obj), str(wrapper_obj)]
     link += [f"-L{paths['lib']}", f"-Wl,-rpath,{paths['lib']}"]
     link += ["-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda"]
     # The runtime is found by its soname at load time: torch has loaded it already.
@@ -208,7 +216,11 @@ def device_arch() -> str:
 
 
 def build(
-    sources: Path, build_dir: Path, arch: Optional[str] = None, compile_only: bool = False
+    sources: Path,
+    build_dir: Path,
+    arch: Optional[str] = None,
+    compile_only: bool = False,
+    torch_root: Optional[Path] = None,
 ) -> Dict[str, object]:
     """Compile (both sources at once), then link; a record of what ran and how long.
 
@@ -219,7 +231,7 @@ def build(
         raise RuntimeError("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
     arch = arch or device_arch()
     build_dir.mkdir(parents=True, exist_ok=True)
-    commands = build_commands(sources, build_dir, arch, cuda, compile_only)
+    commands = build_commands(sources, build_dir, arch, cuda, compile_only, torch_root)
     start = time.perf_counter()
     compiles = [subprocess.Popen(c, stderr=subprocess.PIPE, text=True) for c in commands[:2]]
     steps = [(c, p.communicate()[1], p.returncode) for c, p in zip(commands[:2], compiles)]
