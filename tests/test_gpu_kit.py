@@ -147,6 +147,43 @@ def test_gpu_plan_covers_the_issue_cases():
     assert kit_run.bench_plan("float32", "cpu", True, False)[1] == ["grid_sample", "gather"]
 
 
+def test_markdown_of_a_run_cut_short():
+    """Failed, timed-out and never-run parts are reported with their reasons, not dropped."""
+    result = {
+        "gpu": "NVIDIA H200",
+        "dry_run": False,
+        "budget_s": 540.0,
+        "seconds": 541.0,
+        "environment": {"torch": "2.11.0+cu130", "packages": {"triton": "3.6.0"}},
+        "parts": {"train_triton": {"status": "timeout", "seconds": 60.0}},
+        "mmcv_build": {"error": "nvcc failed (1): cusparse.h: No such file"},
+        "bench": {"rows": [], "errors": {"bev-sca-base float32": "OutOfMemoryError: CUDA"}},
+        "train": [{"impl": "triton", "error": "timeout"}],
+        "compile": [
+            {
+                "impl": "triton",
+                "mode": "reduce-overhead",
+                "eager": {"ms": 2.0},
+                "error": "BackendCompilerFailed: boom",
+            }
+        ],
+        "host_cost": None,
+        "check": None,
+    }
+    text = report.markdown(result)
+    for expected in (
+        "train_triton timeout (60 s)",
+        "cusparse.h",
+        "OutOfMemoryError",
+        "| triton | - | - | - | - | timeout |",
+        "BackendCompilerFailed: boom",
+        "| triton | reduce-overhead | 2.00 | - | - |",
+    ):
+        assert expected in text, expected
+    assert text.count("(not run)") == 3  # benchmark table, host cost, device check
+    assert "not measured" in text
+
+
 def test_training_model_matches_the_benchmark_case():
     """The training iteration's encoder attends over the same map as ``ddetr-enc-coco``."""
     case = LARGE_CASES["ddetr-enc-coco"]

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -55,8 +55,6 @@ class Part:
     cmd: List[str]
     cap_s: float
     json: Optional[Path] = None
-    needs_mmcv: bool = False
-    impls: List[str] = field(default_factory=list)
 
 
 def slug(text: str) -> str:
@@ -133,6 +131,9 @@ class Kit:
         # A dry run checks the plumbing, not speed: one thread per child keeps a shared,
         # busy CPU from spending its time in OpenMP's waits.
         self.env: Dict[str, str] = {"OMP_NUM_THREADS": "1"} if dry_run else {}
+        self.mmcv_lib = False  # whether mmcv's library was built and loads (wait_build)
+        self.build_json = self.work / "build.json"
+        self.build_began = 0.0
         self.report: dict = {
             "tool": "gpu_kit",
             "version": 1,
@@ -193,7 +194,6 @@ class Kit:
                 "mmcv_build", f"skipped: no bundle at {self.bundle} (tools/gpu_kit.py bundle)"
             )
             return None
-        self.build_json = self.work / "build.json"
         cmd = self._child("build", "--json", str(self.build_json), "--sources", str(self.bundle))
         cmd += ["--build-dir", str(self.bundle.parent / "build")]
         self.build_began = time.perf_counter()
@@ -224,7 +224,7 @@ class Kit:
         path = self.work / f"bench_{dtype}.json"
         cmd = self._child("bench", "--json", str(path), "--device", self.device, "--dtype", dtype)
         cmd += ["--cases", ",".join(cases), "--impls", ",".join(impls), "--repeat", str(repeat)]
-        return Part(f"bench_{dtype}", cmd, cap, path, impls=impls)
+        return Part(f"bench_{dtype}", cmd, cap, path)
 
     def model_part(self, kind: str, impl: str) -> Part:
         path = self.work / f"{kind}_{impl}.json"
@@ -281,24 +281,26 @@ class Kit:
 
     def run(self) -> dict:
         """The whole plan; the report (also written to ``out``)."""
-        self.save()
-        build = self.start_build()
-        compile_impls = [n for n in ("triton", "grid_sample") if usable(n, self.device, False)]
-        if compile_impls:
-            self.run_model_part("compile", compile_impls[0])
-        self.mmcv_lib = mmcv_lib = self.wait_build(build)
-        self.run_bench("float32", mmcv_lib)
-        for impl in ("triton", "grid_sample", "mmcv", "gather"):
-            if usable(impl, self.device, mmcv_lib):
-                self.run_model_part("train", impl)
-        self.run_host_cost()
-        self.run_bench("float16", mmcv_lib)
-        self.run_bench("bfloat16", mmcv_lib)
-        self.run_check()
-        for impl in compile_impls[1:]:
-            self.run_model_part("compile", impl)
-        self.log.close()
-        self._work.cleanup()
+        try:
+            self.save()
+            build = self.start_build()
+            compiles = [n for n in ("triton", "grid_sample") if usable(n, self.device, False)]
+            if compiles:
+                self.run_model_part("compile", compiles[0])
+            self.mmcv_lib = self.wait_build(build)
+            self.run_bench("float32", self.mmcv_lib)
+            for impl in ("triton", "grid_sample", "mmcv", "gather"):
+                if usable(impl, self.device, self.mmcv_lib):
+                    self.run_model_part("train", impl)
+            self.run_host_cost()
+            self.run_bench("float16", self.mmcv_lib)
+            self.run_bench("bfloat16", self.mmcv_lib)
+            self.run_check()
+            for impl in compiles[1:]:
+                self.run_model_part("compile", impl)
+        finally:
+            self.log.close()
+            self._work.cleanup()
         return self.report
 
 
