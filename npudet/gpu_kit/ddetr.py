@@ -43,7 +43,7 @@ class DDETRShape:
     def level_shapes(self) -> List[Tuple[int, int]]:
         """(H, W) of each level: strides 8, 16, 32, 64 with ceil rounding, as ResNet's."""
         shapes, (h, w) = [], self.image
-        for _ in range(3):  # the stem and the first stage: stride 8 at C3
+        for _ in range(3):  # conv1, max-pool and layer2 halve it: C3 at stride 8
             h, w = math.ceil(h / 2), math.ceil(w / 2)
         for _ in range(self.levels):
             shapes.append((h, w))
@@ -63,12 +63,8 @@ class MSDeformAttn(nn.Module):
 
     def __init__(self, shape: DDETRShape, impl: str):
         super().__init__()
-        self.impl, self.heads, self.levels, self.points = (
-            impl,
-            shape.heads,
-            shape.levels,
-            shape.points,
-        )
+        self.impl = impl
+        self.heads, self.levels, self.points = shape.heads, shape.levels, shape.points
         samples = shape.heads * shape.levels * shape.points
         self.sampling_offsets = nn.Linear(shape.dim, samples * 2)
         self.attention_weights = nn.Linear(shape.dim, samples)
@@ -97,7 +93,8 @@ class MSDeformAttn(nn.Module):
         self, query: Tensor, value: Tensor, reference: Tensor, shapes: Tensor, starts: Tensor
     ) -> Tensor:
         """query (bs, q, dim), value (bs, keys, dim), reference (bs, q, levels, 2) in [0, 1],
-        shapes (levels, 2) (H, W), starts (levels,) -> (bs, q, dim), the residual included."""
+        shapes (levels, 2) (H, W), starts (levels,) -> (bs, q, dim), after dropout (the
+        residual is the caller's)."""
         bs, nq, dim = query.shape
         h, lv, p = self.heads, self.levels, self.points
         v = self.value_proj(value).view(bs, value.shape[1], h, dim // h)
