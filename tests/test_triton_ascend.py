@@ -24,7 +24,13 @@ import torch
 from msda_util import DEVICE, msda, random_inputs, reference, run
 from test_msda_parity import EDGE_CASES
 
-from npudet.ops.msda import triton_ascend_launch, triton_launch
+from npudet.ops.msda import (
+    ascend_lowering,
+    kernel_compile,
+    triton_ascend_launch,
+    triton_impl,
+    triton_launch,
+)
 from npudet.ops.msda.cases import CASES
 
 pytest.importorskip("triton")
@@ -51,6 +57,8 @@ def ascend(monkeypatch):
     monkeypatch.setenv(triton_launch.SCHEDULE_ENV, "ascend")
     monkeypatch.setitem(triton_launch.SCHEDULES, "ascend", recording_plan)
     monkeypatch.setattr(triton_ascend_launch, "vector_cores", lambda: FEW_CORES)
+    # Launchers bound by an earlier call of the same signature would skip the planner.
+    monkeypatch.setattr(triton_impl, "_LAUNCHERS", {}, raising=False)
     yield planned
     assert planned, "the triton implementation planned no Ascend launch"
     assert {p.module for p in planned} == {"triton_ascend_kernels"}
@@ -243,20 +251,20 @@ def lower(jobs):
     if not os.path.exists(ASCEND_PYTHON):
         pytest.fail(
             f"{ASCEND_PYTHON} is missing: run `bash tools/setup.sh` (it makes .venv-ascend with "
-            "triton-ascend 3.2.0; its log says why if that failed)"
+            "triton-ascend 3.2.0 and ascendnpu-ir 1.2.0; its log says why if that failed)"
         )
     proc = subprocess.run(
         [ASCEND_PYTHON, "-I", LOWERING],  # -I: no PYTHONPATH, whose triton would shadow its own
         input=json.dumps(jobs),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1200,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
 
-def job(tag, launch):
+def job(tag, launch, **extra):
     return dict(
         tag=tag,
         module_path=os.path.join(ROOT, "npudet", "ops", "msda", f"{launch.module}.py"),
@@ -264,33 +272,108 @@ def job(tag, launch):
         signature=launch.signature,
         constexprs=launch.constexprs,
         grid=list(launch.grid),
+        **extra,
     )
 
 
-def test_planned_launches_lower_without_scalar_atomics_or_loads():
-    """Benchmark cases x float32/float16/bfloat16 x fwd/bwd, at the planned launches."""
-    jobs = [
-        job(f"{name}/{dtype}/{kind}", launch)
-        for name, case in sorted(CASES.items())
-        for dtype in ("float32", "float16", "bfloat16")
-        for kind, launch in triton_launch.plan_launches("ascend", dtype, _shape(case)).items()
-    ]
-    results = lower(jobs)
-    assert [r["tag"] for r in results] == [j["tag"] for j in jobs]
-    for r in results:
-        where = f"{r['tag']}: {r}"
+def compile_once(planned, **extra):
+    """``{tag: answer}`` for ``{tag: launch}``, each distinct launch lowered (and with
+    ``hivm=True`` compiled) once."""
+    first = {}
+    for tag, launch in planned.items():
+        first.setdefault(kernel_compile.launch_key(launch) + str(launch.grid), tag)
+    jobs = [job(tag, planned[tag], **extra) for tag in first.values()]
+    answers = {r["tag"]: r for r in lower(jobs)}
+    assert set(answers) == set(first.values())
+    return {
+        tag: answers[first[kernel_compile.launch_key(launch) + str(launch.grid)]]
+        for tag, launch in planned.items()
+    }
+
+
+ASCEND_DTYPES = ("float32", "float16", "bfloat16")
+UB_BYTES = 192 * 1024  # the UB of an Ascend 910B AI vector core
+LINALG_UB_BUDGET = 96 * 1024  # the estimate has no double buffering: half the UB
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Every planned ``ascend`` launch (benchmark cases and odd shapes x float32/float16/bfloat16
+    x fwd/bwd, tagged "case/dtype/kind") lowered by triton-ascend and compiled by
+    bishengir-compile through HIVM, each distinct launch once (about a minute on 2 cores)."""
+    planned = {
+        f"{case}/{dtype}/{kind}": launch
+        for case, shape in kernel_compile.check_shapes().items()
+        for dtype in ASCEND_DTYPES
+        for kind, launch in triton_launch.plan_launches("ascend", dtype, shape).items()
+    }
+    return compile_once(planned, hivm=True)
+
+
+def test_planned_launches_lower_without_scalar_atomics_or_loads(compiled):
+    """Linalg (triton-ascend's stage): no scalar atomics or loads, any head_dim; UB estimate."""
+    assert {"ddetr-enc/float32/fwd", "odd-d3/bfloat16/bwd", "odd-d257/float16/fwd"} <= set(compiled)
+    for tag, r in compiled.items():
+        where = f"{tag}: {r}"
         assert r["lowered"] and r["error"] is None, where
+        if tag.startswith("odd-d3"):  # head_dim 3: element loads and scalar atomics
+            continue
         assert r["scalar_atomics"] == 0 and r["scalar_loads"] == 0, where
         assert r["masked_gathers"] == 0, where  # no masked-off address is ever read
-        assert 0 < r["ub_bytes"] <= 96 * 1024, where
+        assert 0 < r["ub_bytes"] <= LINALG_UB_BUDGET, where
         assert r["programs"] <= 65535, where
         assert r["row_gathers_per_item"] > 0, where
-        if r["tag"].endswith("/bwd"):
+        if tag.endswith("/bwd"):
             assert r["row_atomics_per_item"] == r["row_gathers_per_item"], where
 
 
+def test_every_planned_launch_compiles_through_hivm(compiled):
+    """bishengir-compile runs each launch through HFusion, HIVM, PlanMemory and GraphSyncSolver
+    and stops only for want of hivmc; the UB plan fits with double buffering on the first try,
+    with one copy of the body."""
+    for tag, r in compiled.items():
+        where = f"{tag}: " + (r["hivm_error"] or str(r))
+        assert r["hivm_ok"] and r["hivm_error"] is None, where
+        assert r["plan_memory_runs"] == 1 and r["multi_buffers"] > 0, where
+        assert 0 < r["ub_planned_bytes"] <= UB_BYTES, where
+        assert r["hivm_body_copies"] == 1, where
+        assert r["hivm_vector_ops"] > 50 and r["hivm_sync_ops"] > 0, where
+
+
+def test_triton_compile_stops_at_the_npu_binary_stage(compiled):
+    """``triton.compile(src, target=GPUTarget("npu", ...))`` with bishengir-compile on PATH, as
+    an NPU user's first call: its own Linalg is the one checked here, and without CANN it stops
+    before calling the compiler (the target arch comes from CANN's runtime)."""
+    launch = triton_launch.plan_launches("ascend", "float32", _shape(CASES["ddetr-dec"]))["fwd"]
+    (r,) = lower([job("triton.compile", launch, triton_compile=True)])
+    assert r["lowered"] and r["triton_compile_same_linalg"], r
+    if r["triton_compile"] != "compiled":
+        assert r["triton_compile"] == "ConvertLinalgRToBinary", r
+        assert "ASCEND_HOME_PATH is not set" in r["triton_compile_error"], r
+
+
+def test_hivm_rung_fails_on_anything_but_the_missing_hivmc(tmp_path):
+    """Only the exact hivmc complaint passes, and only after PlanMemory and GraphSyncSolver
+    printed the kernel: another error, or no plan, fails with the compiler's own words."""
+    launch = triton_launch.plan_launches("ascend", "float32", _shape(CASES["ddetr-dec"]))["fwd"]
+    said = "\n".join(f"echo '{line}' >&2" for line in ascend_lowering.HIVMC_MISSING)
+    fakes = {}
+    for name, extra in (("no_plan", ""), ("other_error", "echo 'error: UB overflow' >&2")):
+        fakes[name] = tmp_path / name
+        fakes[name].write_text(f"#!/bin/sh\n{said}\n{extra}\nexit 1\n")
+        fakes[name].chmod(0o755)
+    jobs = [job(name, launch, hivm=True, compiler=str(path)) for name, path in fakes.items()]
+    jobs.append(job("bad_target", launch, hivm=True, arch="Ascend000"))
+    results = {r["tag"]: r for r in lower(jobs)}
+    assert not any(r["hivm_ok"] for r in results.values()), results
+    assert "no IR printed after hivm-plan-memory" in results["no_plan"]["hivm_error"]
+    assert "UB overflow" in results["other_error"]["hivm_error"]
+    assert "Cannot find option named 'Ascend000'" in results["bad_target"]["hivm_error"]
+
+
 def test_lowering_counts_what_it_claims(tmp_path):
-    """A row-masked atomic and a masked gather are counted as scalar atomics / masked gathers."""
+    """A row-masked atomic and a masked gather are counted as scalar atomics / masked gathers,
+    in the Linalg and after HIVM."""
     kernel = tmp_path / "bad_kernels.py"
     kernel.write_text(
         "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
@@ -303,8 +386,9 @@ def test_lowering_counts_what_it_claims(tmp_path):
     )
     sig = {"dst": "*fp32", "idx": "*i32", "src": "*fp32"}
     bad = dict(tag="bad", module_path=str(kernel), kernel="scatter", signature=sig)
-    (r,) = lower([dict(bad, constexprs={"D": 32}, grid=[70000, 1, 1])])
-    assert r["lowered"], r
+    (r,) = lower([dict(bad, constexprs={"D": 32}, grid=[70000, 1, 1], hivm=True)])
+    assert r["lowered"] and r["hivm_ok"], r
+    assert r["hivm_scalar_atomics"] == 1 and r["hivm_scalar_atomics_per_item"] == 8 * 32, r
     assert r["scalar_atomics"] == 1 and r["scalar_atomics_per_item"] == 8 * 32
     assert r["masked_gathers"] == 1 and r["row_gathers_per_item"] == 8
     assert not r["grid_ok"]

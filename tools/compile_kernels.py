@@ -6,11 +6,19 @@
 CUDA (``cuda:80``, ``cuda:90``): triton compiles the launches the custom ops plan
 (``npudet/ops/msda/triton_launch.py``) to cubins; registers, stack (spills) and shared
 memory come from the bundled cuobjdump. Ascend (``ascend``): the same launches of the
-``ascend`` schedule go through triton-ascend's own passes to Linalg in ``.venv-ascend``
-(``npudet/ops/msda/ascend_lowering.py`` reads a JSON list on stdin and answers one on
-stdout); without that environment Ascend is reported as not run.
+``ascend`` schedule go through triton-ascend's own passes to Linalg in ``.venv-ascend``, then
+through bishengir-compile's HIVM pipeline (PyPI ``ascendnpu-ir``) up to the binary code generator
+``hivmc``, which is not shipped (``npudet/ops/msda/ascend_lowering.py`` reads a JSON list on stdin
+and answers one on stdout); without that environment Ascend is reported as not run.
+
+    python tools/compile_kernels.py --targets ascend --ascend-compiler bishengir-compile-a5 \
+        --ascend-arch Ascend950PR_9599     # the next-generation build and target
+
 Prints a table per (kernel, target, dtype, case), a summary per (kernel, target, dtype),
-and writes JSON.
+and writes JSON. Ascend columns: "UB est." is the Linalg-stage estimate of live tiles (held to
+96 KB, half the UB); "UB planned" is where PlanMemory put the end of the last UB buffer, second
+copies of multi-buffered buffers included (held to the 192 KB UB); op counts are of the HIVM
+module after GraphSyncSolver (``ascend_lowering.op_figures``).
 """
 
 from __future__ import annotations
@@ -39,8 +47,14 @@ def _csv(text: str) -> List[str]:
     return [t for t in text.split(",") if t]
 
 
-def check_ascend(dtypes: Sequence[str], shapes: Dict[str, object]) -> Tuple[str, List[dict]]:
-    """(status, rows) of lowering the ``ascend`` schedule's launches with triton-ascend."""
+def check_ascend(
+    dtypes: Sequence[str],
+    shapes: Dict[str, object],
+    compiler: str = "bishengir-compile",
+    arch: str = "Ascend910B3",
+) -> Tuple[str, List[dict]]:
+    """(status, rows) of the ``ascend`` schedule's launches: lowered to Linalg by triton-ascend,
+    then through ``compiler``'s HIVM pipeline for ``arch`` (``ascend_lowering.py``)."""
     if not ASCEND_PYTHON.exists():
         return "not run: .venv-ascend is missing (tools/setup.sh makes it)", []
     if not ASCEND_LOWERING.exists():
@@ -53,7 +67,7 @@ def check_ascend(dtypes: Sequence[str], shapes: Dict[str, object]) -> Tuple[str,
         }
     except ValueError as exc:
         return f"not run: {exc}", []
-    # Identical launches (same code and grid) are lowered once, tagged by their first row.
+    # Identical launches (same code and grid) are compiled once, tagged by their first row.
     requests: Dict[str, dict] = {}
     first_tag: Dict[str, str] = {}
     tags: Dict[Tuple[str, str, str], str] = {}
@@ -69,9 +83,12 @@ def check_ascend(dtypes: Sequence[str], shapes: Dict[str, object]) -> Tuple[str,
                 signature=launch.signature,
                 constexprs=launch.constexprs,
                 grid=list(launch.grid),
+                hivm=True,
+                compiler=compiler,
+                arch=arch,
             )
     proc = subprocess.run(
-        [str(ASCEND_PYTHON), str(ASCEND_LOWERING)],
+        [str(ASCEND_PYTHON), "-I", str(ASCEND_LOWERING)],
         input=json.dumps(list(requests.values())),
         capture_output=True,
         text=True,
@@ -83,12 +100,40 @@ def check_ascend(dtypes: Sequence[str], shapes: Dict[str, object]) -> Tuple[str,
     rows = []
     for (kernel, dtype, case), tag in tags.items():
         answer = answers.get(tag, dict(lowered=False, error="no answer"))
-        fields = ("lowered", "error", "ub_bytes", "scalar_atomics", "scalar_loads", "programs")
-        rows.append(
-            dict(kernel=kernel, target="ascend", dtype=dtype, case=case)
-            | {k: answer.get(k) for k in fields}
-        )
-    return "run", rows
+        row = dict(kernel=kernel, target="ascend", dtype=dtype, case=case)
+        row |= {k: answer.get(k) for k in ASCEND_FIELDS}
+        row["compiled"] = bool(row["lowered"] and row["hivm_ok"])
+        rows.append(row)
+    versions = sorted({a["compiler_version"] for a in answers.values() if "compiler_version" in a})
+    return f"run: {'; '.join(versions) or compiler} --target={arch}", rows
+
+
+# What the Ascend rows keep of ascend_lowering.py's answers: the Linalg-stage estimate and counts,
+# then the compiler's own figures (UB as PlanMemory placed it, ops after GraphSyncSolver).
+ASCEND_FIELDS = (
+    "lowered", "error", "hivm_ok", "hivm_error", "programs", "ub_bytes", "ub_planned_bytes",
+    "multi_buffers", "multi_buffer_bytes", "plan_memory_runs", "hivm_vector_ops",
+    "hivm_single_point_vector_ops", "hivm_dma_loads", "hivm_dma_stores", "hivm_row_atomics",
+    "hivm_scalar_atomics", "hivm_element_copies", "hivm_looped_element_copies",
+    "hivm_scalar_loads", "hivm_gm_scalar_loads", "hivm_scalar_stores", "hivm_sync_ops",
+    "hivm_body_copies", "hivm_seconds", "scalar_atomics", "scalar_loads",
+)  # fmt: skip
+# Ascend table: (column, row field).
+ASCEND_COLUMNS = (
+    ("UB est. (B)", "ub_bytes"),
+    ("UB planned (B)", "ub_planned_bytes"),
+    ("multi-buffered", "multi_buffers"),
+    ("vector ops", "hivm_vector_ops"),
+    ("1-element vector ops", "hivm_single_point_vector_ops"),
+    ("scalar loads", "hivm_scalar_loads"),
+    ("scalar stores", "hivm_scalar_stores"),
+    ("row atomics", "hivm_row_atomics"),
+    ("scalar atomics", "hivm_scalar_atomics"),
+    ("element copies", "hivm_element_copies"),
+    ("sync ops", "hivm_sync_ops"),
+    ("body copies", "hivm_body_copies"),
+    ("programs", "programs"),
+)
 
 
 def _cell(value: object) -> str:
@@ -100,19 +145,28 @@ def _cell(value: object) -> str:
 
 
 def table(rows: List[dict]) -> str:
-    """Markdown table, one line per (kernel, target, dtype, case)."""
-    head = (
-        "| kernel | target | dtype | case | compiled | registers | spills (B) | shared (B) "
-        "| UB (B) | scalar atomics | scalar loads | programs |"
-    )
-    lines = [head, "|" + "---|" * 12]
-    for r in rows:
-        compiled = r.get("compiled", r.get("lowered"))
-        cells = [r["kernel"], r["target"], r["dtype"], r["case"], compiled]
-        cells += [r.get(k) for k in ("registers", "stack_bytes", "shared_bytes")]
-        cells += [r.get(k) for k in ("ub_bytes", "scalar_atomics", "scalar_loads", "programs")]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return "\n".join(lines)
+    """Markdown tables, one line per (kernel, target, dtype, case): CUDA, then Ascend."""
+    cuda = [r for r in rows if r["target"] != "ascend"]
+    ascend = [r for r in rows if r["target"] == "ascend"]
+    parts = []
+    if cuda:
+        head = "| kernel | target | dtype | case | compiled | registers | spills (B) | shared (B) |"
+        lines = [head, "|" + "---|" * 8]
+        for r in cuda:
+            cells = [r["kernel"], r["target"], r["dtype"], r["case"], r["compiled"]]
+            cells += [r.get(k) for k in ("registers", "stack_bytes", "shared_bytes")]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        parts.append("\n".join(lines))
+    if ascend:
+        head = "| kernel | target | dtype | case | compiled | "
+        head += " | ".join(c for c, _ in ASCEND_COLUMNS) + " |"
+        lines = [head, "|" + "---|" * (5 + len(ASCEND_COLUMNS))]
+        for r in ascend:
+            cells = [r["kernel"], r["target"], r["dtype"], r["case"], r["compiled"]]
+            cells += [r.get(k) for _, k in ASCEND_COLUMNS]
+            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def summary(rows: List[dict]) -> str:
@@ -125,17 +179,20 @@ def summary(rows: List[dict]) -> str:
         "stack_bytes",
         "shared_bytes",
         "ub_bytes",
-        "scalar_atomics",
-        "scalar_loads",
+        "ub_planned_bytes",
+        "hivm_scalar_atomics",
+        "hivm_element_copies",
+        "hivm_sync_ops",
         "programs",
     )
     lines = [
         "| kernel | target | dtype | compiled | warps | max registers | max spills (B) "
-        "| max shared (B) | max UB (B) | max scalar atomics | max scalar loads | max programs |",
-        "|" + "---|" * 12,
+        "| max shared (B) | max UB est. (B) | max UB planned (B) | max scalar atomics "
+        "| max element copies | max sync ops | max programs |",
+        "|" + "---|" * 14,
     ]
     for (kernel, target, dtype), group in groups.items():
-        ok = [r for r in group if r.get("compiled", r.get("lowered"))]
+        ok = [r for r in group if r["compiled"]]
         warps = sorted({r["num_warps"] for r in group if "num_warps" in r})
         cells = [
             kernel,
@@ -160,6 +217,12 @@ def main(argv: Sequence[str] = ()) -> int:
     shapes = kernel_compile.check_shapes()
     parser.add_argument("--cases", type=_csv, default=list(shapes), help=",".join(shapes))
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
+    parser.add_argument(
+        "--ascend-compiler",
+        default="bishengir-compile",
+        help="the HIVM compiler of the Ascend rows (bishengir-compile-a5: the next generation)",
+    )
+    parser.add_argument("--ascend-arch", default="Ascend910B3", help="its --target")
     args = parser.parse_args(list(argv) or None)
     for name, given, known in (
         ("--targets", args.targets, TARGETS),
@@ -176,16 +239,19 @@ def main(argv: Sequence[str] = ()) -> int:
     ascend_status = "not requested"
     if "ascend" in args.targets:
         ascend_dtypes = [d for d in args.dtypes if d in ASCEND_DTYPES]
-        ascend_status, ascend_rows = check_ascend(ascend_dtypes, chosen)
+        ascend_status, ascend_rows = check_ascend(
+            ascend_dtypes, chosen, args.ascend_compiler, args.ascend_arch
+        )
         rows += ascend_rows
     seconds = time.perf_counter() - start
     print(table(rows))
     print()
     print(summary(rows))
     print(f"\nascend: {ascend_status}; {len(rows)} rows in {seconds:.0f} s")
-    failed = [r for r in rows if not r.get("compiled", r.get("lowered"))]
+    failed = [r for r in rows if not r["compiled"]]
     for r in failed:
-        print(f"FAILED {r['kernel']} {r['target']} {r['dtype']} {r['case']}: {r['error']}")
+        why = r.get("error") or r.get("hivm_error")
+        print(f"FAILED {r['kernel']} {r['target']} {r['dtype']} {r['case']}: {why}")
     if args.json:
         import triton
 

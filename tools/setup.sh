@@ -26,23 +26,31 @@ if [ ! -x "$py" ]; then
 fi
 
 # .venv-ascend: triton-ascend for the Ascend compile checks, which lower the Triton kernels to
-# Linalg with it (no torch, NPU or CANN needed). The wheel replaces the `triton` package, so it
-# never shares .venv. A failure here never stops the main setup: it prints a warning, and
-# tests/test_triton_ascend.py then fails naming the missing environment (it does not skip).
+# Linalg with it (no torch, NPU or CANN needed), and ascendnpu-ir, whose bishengir-compile takes
+# that Linalg through HIVM (everything but the binary code generator hivmc, which it does not
+# ship). The triton-ascend wheel replaces the `triton` package, so it never shares .venv. A
+# failure here never stops the main setup: it prints a warning, and tests/test_triton_ascend.py
+# then fails naming the missing environment (it does not skip).
 ascend_venv="$root/.venv-ascend"
 ascend_req="triton-ascend==3.2.0"
+ascend_ir_req="ascendnpu-ir==1.2.0"  # a 161 MB wheel (cp311, manylinux_2_28 x86_64)
 setup_ascend() {
   local apy="$ascend_venv/bin/python" astamp
-  astamp="$ascend_venv/.npudet-ascend-$(echo "$ascend_req numpy pybind11" | sha256sum | cut -c1-16)"
-  if [ -f "$astamp" ] && "$apy" -c "import triton.backends.ascend.compiler" >/dev/null 2>&1; then
+  astamp="$ascend_venv/.npudet-ascend-$(echo "$ascend_req $ascend_ir_req numpy pybind11" |
+    sha256sum | cut -c1-16)"
+  if [ -f "$astamp" ] && "$apy" -c "import triton.backends.ascend.compiler, ascendnpuir" \
+    >/dev/null 2>&1; then
     echo "[setup] .venv-ascend is up to date"
     return 0
   fi
-  echo "[setup] making .venv-ascend ($ascend_req --no-deps, numpy, pybind11)"
+  echo "[setup] making .venv-ascend ($ascend_req --no-deps, $ascend_ir_req, numpy, pybind11)"
   if [ ! -x "$apy" ]; then "${PYTHON:-python3}" -m venv "$ascend_venv" || return 1; fi
   "$apy" -m pip install -q --no-deps "$ascend_req" || return 1
-  "$apy" -m pip install -q numpy pybind11 || return 1
+  "$apy" -m pip install -q numpy pybind11 "$ascend_ir_req" || return 1
   "$apy" -c "from triton.backends.ascend.compiler import ttir_to_linalg" || return 1
+  "$apy" -c "import ascendnpuir, os, subprocess
+bin = os.path.join(os.path.dirname(ascendnpuir.__file__), 'bin', 'bishengir-compile')
+subprocess.run([bin, '--version'], check=True, capture_output=True)" || return 1
   rm -f "$ascend_venv"/.npudet-ascend-*
   touch "$astamp"
 }
