@@ -57,22 +57,23 @@ def multi_scale_deformable_attn(
         check_values=not compiling,
     )
     chosen = select_impl(impl, inputs)
-    if compiling:
+    if compiling or not call_plan.plannable(impl, value):
+        # Traced, a subclass (FakeTensor) or observed: served without a plan.
+        if observe._ACTIVE and not compiling:
+            call = observe.MSDACall(
+                chosen.NAME,
+                value,
+                spatial_shapes,
+                level_start_index,
+                sampling_locations,
+                attention_weights,
+            )
+            return observe.run_observed(call, lambda c: chosen.forward(*c.tensors()))
         return chosen.forward(
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights
         )
-    if observe._ACTIVE:
-        call = observe.MSDACall(
-            chosen.NAME,
-            value,
-            spatial_shapes,
-            level_start_index,
-            sampling_locations,
-            attention_weights,
-        )
-        return observe.run_observed(call, lambda c: chosen.forward(*c.tensors()))
     kernel = chosen.bind(inputs)
-    if not nondeterministic_reason(chosen, inputs):  # a warning is given on every call
+    if not nondeterministic_reason(chosen, inputs):  # else warned on every call: no plan
         key = call_plan.signature(
             impl, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
         )

@@ -10,6 +10,7 @@ The signature is everything validation and selection read except the level tenso
 values: ``impl``; shape, dtype and device of all five inputs; whether a gradient can flow
 (grad mode, requires_grad); the deterministic-algorithms flags. An input that differs
 in any of these misses and takes the whole path, which refuses it with the usual error.
+Only plain tensors use and make plans (``plannable``: not FakeTensors or other subclasses).
 The level tensors' values are checked per tensor pair: a plan remembers the last pair it
 saw with their in-place write counts (``_version``), so the same tensors, unmodified, are
 not read again; other tensors, or the same after an in-place write, are read and checked
@@ -114,7 +115,7 @@ def lookup(
 ) -> Optional[Plan]:
     """The plan of this call's signature with its level tensors checked, or None (no plan
     yet, an observer active, tracing, or arguments that are not tensors / a str impl)."""
-    if observe._ACTIVE or type(impl) is not str or torch.compiler.is_compiling():
+    if not plannable(impl, value):
         return None
     try:
         key = signature(
@@ -126,6 +127,18 @@ def lookup(
     if plan is not None:
         plan.check_levels(spatial_shapes, level_start_index)
     return plan
+
+
+def plannable(impl: str, value: torch.Tensor) -> bool:
+    """Whether a call may use or keep a plan: eager, no observer, a str ``impl`` and a plain
+    tensor (not a FakeTensor or other subclass, whose calls a plan made of real tensors
+    must not serve, nor make a plan that real tensors would reuse)."""
+    return (
+        not observe._ACTIVE
+        and type(impl) is str
+        and type(value) is torch.Tensor
+        and not torch.compiler.is_compiling()
+    )
 
 
 def store(key: tuple, kernel: Kernel, num_keys: int) -> Plan:

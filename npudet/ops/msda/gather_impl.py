@@ -9,12 +9,38 @@ on any device with ``embedding_bag`` and traces under ``torch.compile(fullgraph=
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .registry import MSDAImpl, register
+from .inputs import MSDAInputs
+from .registry import Kernel, MSDAImpl, register
+
+
+class CornerConstants(NamedTuple):
+    """What ``bilinear_corners`` needs besides the call's tensors, fixed per call signature."""
+
+    offsets: torch.Tensor  # (4, 2) int64 (dx, dy): (y0,x0), (y0,x1), (y1,x0), (y1,x1)
+    is_high: torch.Tensor  # (4, 2) bool, offsets == 1
+    batch_head_rows: torch.Tensor  # (bs, 1, heads, 1, 1, 1) row of key 0 of (batch, head)
+
+
+def corner_constants(
+    batch: int, num_keys: int, num_heads: int, device: torch.device
+) -> CornerConstants:
+    """Built with ``arange`` (no host-to-device copy, so also inside a graph capture)."""
+    index_dtype = _index_dtype(batch, num_keys, num_heads)
+    i = torch.arange(4, device=device)
+    offsets = torch.stack((i % 2, i // 2), -1)
+    b = torch.arange(batch, dtype=index_dtype, device=device).view(batch, 1, 1, 1, 1, 1)
+    h = torch.arange(num_heads, dtype=index_dtype, device=device).view(1, 1, num_heads, 1, 1, 1)
+    return CornerConstants(offsets, offsets.bool(), b * (num_keys * num_heads) + h)
+
+
+def _index_dtype(batch: int, num_keys: int, num_heads: int) -> torch.dtype:
+    # int32 rows where they fit: embedding_bag's backward sorts them, ~30% faster.
+    return torch.int32 if batch * num_keys * num_heads < 2**31 else torch.int64
 
 
 def bilinear_corners(
@@ -23,8 +49,13 @@ def bilinear_corners(
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
     num_keys: int,
+    constants: Optional[CornerConstants] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rows and weights of the 4 bilinear corners of every sample.
+
+    x and y are computed together, the 4 corners along one axis: a fixed, small number of
+    tensor ops whatever the number of levels (each op is a fixed host cost on small calls).
+    ``constants`` (``corner_constants`` of this call's sizes and device) saves building them.
 
     Returns:
         rows: (bs, q, heads, levels * points * 4) row of ``value.reshape(-1, D)``, int32
@@ -34,39 +65,24 @@ def bilinear_corners(
     bs, num_queries, num_heads, num_levels, num_points, _ = sampling_locations.shape
     # Coordinate arithmetic in at least float32: half precision cannot address pixels.
     coord_dtype = torch.promote_types(sampling_locations.dtype, torch.float32)
-    loc = sampling_locations.to(coord_dtype)
-    shapes = spatial_shapes.to(coord_dtype)
-    height = shapes[:, 0].view(num_levels, 1)
-    width = shapes[:, 1].view(num_levels, 1)
-    x = loc[..., 0] * width - 0.5  # (bs, q, heads, levels, points)
-    y = loc[..., 1] * height - 0.5
+    if constants is None:
+        constants = corner_constants(bs, num_keys, num_heads, sampling_locations.device)
+    extent = spatial_shapes.flip(-1).to(coord_dtype).view(num_levels, 1, 1, 2)  # (W, H)
+    pixel = sampling_locations.to(coord_dtype) * extent.squeeze(-2) - 0.5
     # NaN/inf coordinates become an off-map point, so no NaN reaches any gradient.
-    off_map = torch.full((), -2.0, dtype=coord_dtype, device=loc.device)
-    x = torch.where(torch.isfinite(x), x, off_map)
-    y = torch.where(torch.isfinite(y), y, off_map)
-    x0 = torch.floor(x)
-    y0 = torch.floor(y)
-    fx = x - x0
-    fy = y - y0
-    # Corner order (y0,x0), (y0,x1), (y1,x0), (y1,x1) along a new last axis.
-    cx = torch.stack((x0, x0 + 1, x0, x0 + 1), dim=-1)
-    cy = torch.stack((y0, y0, y0 + 1, y0 + 1), dim=-1)
-    wx = torch.stack((1 - fx, fx, 1 - fx, fx), dim=-1)
-    wy = torch.stack((1 - fy, 1 - fy, fy, fy), dim=-1)
-    w_l = width.unsqueeze(-1)
-    h_l = height.unsqueeze(-1)
-    valid = (cx >= 0) & (cx <= w_l - 1) & (cy >= 0) & (cy <= h_l - 1)
-    zero = torch.zeros((), dtype=coord_dtype, device=loc.device)
-    # int32 rows where they fit: embedding_bag's backward sorts them, ~30% faster.
-    index_dtype = torch.int32 if bs * num_keys * num_heads < 2**31 else torch.int64
-    key = torch.where(valid, cy * w_l + cx, zero).to(index_dtype)
-    key = key + level_start_index.view(num_levels, 1, 1).to(index_dtype)
-    batch = torch.arange(bs, device=loc.device, dtype=index_dtype).view(bs, 1, 1, 1, 1, 1)
-    head = torch.arange(num_heads, device=loc.device, dtype=index_dtype)
-    head = head.view(1, 1, num_heads, 1, 1, 1)
-    rows = (batch * num_keys + key) * num_heads + head
-    weight = attention_weights.to(coord_dtype).unsqueeze(-1) * wx * wy
-    weight = torch.where(valid, weight, zero)
+    pixel = torch.where(torch.isfinite(pixel), pixel, -2.0)
+    low = pixel.floor()
+    frac = (pixel - low).unsqueeze(-2)  # (bs, q, heads, levels, points, 1, 2)
+    corner = low.unsqueeze(-2) + constants.offsets  # (..., 4, 2) pixel (x, y) of each corner
+    weight_xy = torch.where(constants.is_high, frac, 1 - frac)
+    valid = ((corner >= 0) & (corner < extent)).all(-1)  # (..., 4)
+    index_dtype = constants.batch_head_rows.dtype
+    key = torch.where(valid, corner[..., 1] * extent[..., 0] + corner[..., 0], 0.0)
+    starts = level_start_index.to(index_dtype).view(num_levels, 1, 1) * num_heads
+    base = constants.batch_head_rows + starts
+    rows = key.to(index_dtype) * num_heads + base
+    weight = attention_weights.to(coord_dtype).unsqueeze(-1) * weight_xy[..., 0]
+    weight = torch.where(valid, weight * weight_xy[..., 1], 0.0)
     flat = (bs, num_queries, num_heads, num_levels * num_points * 4)
     return rows.reshape(flat), weight.reshape(flat)
 
@@ -77,16 +93,22 @@ def msda_gather(
     level_start_index: torch.Tensor,
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
+    constants: Optional[CornerConstants] = None,
 ) -> torch.Tensor:
     """value (bs, keys, heads, D) -> (bs, num_queries, heads * D) by weighted row bags.
 
     Any floating dtypes (see ``inputs``); half precision is computed in float32 and the
-    output has value's dtype.
+    output has value's dtype. ``constants``: see ``bilinear_corners``.
     """
     bs, num_keys, num_heads, head_dim = value.shape
     num_queries = sampling_locations.shape[1]
     rows, weights = bilinear_corners(
-        spatial_shapes, level_start_index, sampling_locations, attention_weights, num_keys
+        spatial_shapes,
+        level_start_index,
+        sampling_locations,
+        attention_weights,
+        num_keys,
+        constants,
     )
     bag = rows.shape[-1]
     # Half precision gathers from a float32 copy of value: the bag sums and, in backward,
@@ -117,6 +139,24 @@ class GatherImpl(MSDAImpl):
         return msda_gather(
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights
         )
+
+    def bind(self, inputs: MSDAInputs) -> Kernel:
+        sizes = (inputs.batch, inputs.num_keys, inputs.num_heads)
+        built: List[CornerConstants] = []  # on the first call: the plan's device
+
+        def run(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+            if not built:
+                built.append(corner_constants(*sizes, value.device))
+            return msda_gather(
+                value,
+                spatial_shapes,
+                level_start_index,
+                sampling_locations,
+                attention_weights,
+                built[0],
+            )
+
+        return run
 
 
 register(GatherImpl())
