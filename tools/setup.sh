@@ -44,6 +44,7 @@ setup_ascend() {
     return 0
   fi
   echo "[setup] making .venv-ascend ($ascend_req --no-deps, $ascend_ir_req, numpy, pybind11)"
+  local began=$SECONDS
   if [ ! -x "$apy" ]; then "${PYTHON:-python3}" -m venv "$ascend_venv" || return 1; fi
   "$apy" -m pip install -q --no-deps "$ascend_req" || return 1
   "$apy" -m pip install -q numpy pybind11 "$ascend_ir_req" || return 1
@@ -53,6 +54,7 @@ bin = os.path.join(os.path.dirname(ascendnpuir.__file__), 'bin', 'bishengir-comp
 subprocess.run([bin, '--version'], check=True, capture_output=True)" || return 1
   rm -f "$ascend_venv"/.npudet-ascend-*
   touch "$astamp"
+  echo "[setup] .venv-ascend made in $((SECONDS - began)) s; it takes $(du -sh "$ascend_venv" | cut -f1)"
 }
 setup_ascend || echo "[setup] WARNING: .venv-ascend was not made (see above); the Ascend" \
   "lowering tests fail until it is: rerun bash tools/setup.sh"

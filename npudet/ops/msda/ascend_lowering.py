@@ -473,11 +473,13 @@ def compile_hivm(
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=600)
     result["hivm_seconds"] = round(time.perf_counter() - begin, 3)
     dumps, said = split_output(proc.stdout + "\n" + proc.stderr, kernel)
-    # The -a5 build (next generation) looks for its own code generator, hivmc-a5.
+    # The -a5 build (next generation) looks for its own code generator, hivmc-a5, and says so
+    # (instead of "External hivmc run fails") at the external step of each of its attempts.
+    a5 = any("hivmc-a5 " in s for s in said)
     said = [s.replace("hivmc-a5 ", "hivmc ") for s in said]
     unknown = [s for s in said if s not in HIVMC_MISSING]
     missing = [p for p in HIVM_DUMPS if p not in dumps]
-    if unknown or missing or _HIVMC_STOP not in said:
+    if unknown or missing or (HIVMC_MISSING[0] if a5 else _HIVMC_STOP) not in said:
         reason = "\n".join(unknown or said)[-2000:]
         if missing:
             reason += f"\n(no IR printed after {', '.join(missing)})"

@@ -18,12 +18,18 @@ op by op into Linalg and then into UB (on-chip buffer) copies:
   so every gathered row lies inside ``value``; a corner that does not count gets weight 0 and its
   dot product is zeroed. A (rows, D) tile whose row offsets are data-dependent lowers to one
   contiguous copy of D elements per row into UB.
-- **Exact power-of-two D windows.** A row copy always reads the tile's full width, even under a
-  mask on D, so the width must be exactly the channels read: channels are covered by one window
-  ``[0, DWIN)`` with ``DWIN = HEAD_DIM`` when that is a power of two, else by two overlapping
-  windows ``[0, DWIN)`` and ``[HEAD_DIM - DWIN, HEAD_DIM)`` with ``DWIN`` the largest power of two
-  below ``HEAD_DIM``. The second window's overlap is kept out of sums and gradients; its output
-  columns in the overlap are recomputed bit-identically and stored again.
+- **Power-of-two D windows, never narrower than 32 bytes.** A row copy always reads the tile's
+  full width, even under a mask on D, and bishengir-compile turns a gathered row of fewer than 32
+  bytes into element copies (and an atomic row into scalar atomics). Three cases, by ``DWIN``:
+  ``DWIN == HEAD_DIM`` (a power of two of >= 32 bytes): one exact window. ``DWIN < HEAD_DIM``:
+  two overlapping windows ``[0, DWIN)`` and ``[HEAD_DIM - DWIN, HEAD_DIM)``, ``DWIN`` the largest
+  power of two below ``HEAD_DIM``; the second window's overlap is kept out of sums and gradients,
+  its output columns in the overlap are recomputed bit-identically and stored again.
+  ``DWIN > HEAD_DIM`` (short rows): a 32-byte window starting at the row, which also covers
+  channels of the next rows; a window that would run past the end of ``value`` starts
+  ``DWIN - HEAD_DIM`` elements before its row instead (the planner takes this case only when
+  ``value`` holds at least ``2 * DWIN`` elements, so that start is never negative). Only the
+  row's own channels are used; the others get exactly 0 added by the atomics.
 - **Backward with whole-row atomics.** Each corner's value-gradient contribution is a
   (rows, DWIN) tile added with an *unmasked* ``tl.atomic_add`` at clamped rows (weight 0 where
   the corner does not count). triton-ascend lowers that to one atomic add of a D-contiguous row
@@ -51,6 +57,21 @@ def _level_tables(shapes, starts, NUM_LEVELS: tl.constexpr, LEVELS_P2: tl.conste
     W = tl.load(shapes + 2 * lv + 1, mask=lmask, other=1).to(tl.int32)
     start = tl.load(starts + lv, mask=lmask, other=0).to(tl.int32)
     return lv, H, W, start
+
+
+@triton.jit
+def _floor_int(x):
+    """floor(x) as int32, exact for |x| < 2**31 (truncation, minus 1 where it rounded up)."""
+    t = x.to(tl.int32)
+    return tl.where(t.to(tl.float32) > x, t - 1, t)
+
+
+@triton.jit
+def _window_start(o, numel, HEAD_DIM: tl.constexpr, DWIN: tl.constexpr):
+    """Short rows: (start of the DWIN-wide window read for the row at ``o``, whether it starts
+    ``DWIN - HEAD_DIM`` before the row because it would otherwise run past ``numel``)."""
+    tail = o + DWIN > numel
+    return tl.where(tail, o - (DWIN - HEAD_DIM), o), tail
 
 
 @triton.jit
@@ -110,10 +131,13 @@ def _corners(
     x = tl.where(inside, x, 0.0)
     y = tl.where(inside, y, 0.0)
     a = tl.where(inside, a, 0.0)
-    xf = tl.floor(x)
-    yf = tl.floor(y)
-    x0 = xf.to(tl.int32)
-    y0 = yf.to(tl.int32)
+    # floor by truncation and a correction, not tl.floor: the gather loops recompute each row's
+    # address from x and y element by element, and a floor there is a one-element vector op
+    # (with its scalar/vector pipe synchronisation) per row; these are scalar instructions.
+    x0 = _floor_int(x)
+    y0 = _floor_int(y)
+    xf = x0.to(tl.float32)
+    yf = y0.to(tl.float32)
     # x0 is in [-1, W-1] and y0 in [-1, H-1]: clamping keeps every corner inside its level.
     x0c = tl.maximum(x0, 0)
     x1c = tl.minimum(x0 + 1, W - 1)
@@ -151,6 +175,48 @@ def _blend(value, o00, o01, o10, o11, w00, w01, w10, w11, D0: tl.constexpr, DWIN
     v += tl.load(value + o10[:, :, None] + d).to(tl.float32) * w10[:, :, None]
     v += tl.load(value + o11[:, :, None] + d).to(tl.float32) * w11[:, :, None]
     return tl.sum(v, axis=1)
+
+
+@triton.jit
+def _blend_short(value, numel, o, w, acc_row, acc_tail, HEAD_DIM: tl.constexpr, DWIN: tl.constexpr):
+    """Short rows, one corner: adds the weighted DWIN-wide windows to the accumulator of
+    windows that start at their row (``acc_row``) or ``DWIN - HEAD_DIM`` before it
+    (``acc_tail``), both (BLOCK_Q, DWIN)."""
+    start, tail = _window_start(o, numel, HEAD_DIM, DWIN)
+    c = tl.arange(0, DWIN)[None, None, :]
+    v = tl.load(value + start[:, :, None] + c).to(tl.float32) * w[:, :, None]
+    acc_row += tl.sum(tl.where(tail[:, :, None], 0.0, v), axis=1)
+    acc_tail += tl.sum(tl.where(tail[:, :, None], v, 0.0), axis=1)
+    return acc_row, acc_tail
+
+
+@triton.jit
+def _move_channels(t, SHIFT: tl.constexpr, DWIN: tl.constexpr):
+    """(BLOCK_Q, DWIN) ``r[:, j] = t[:, j - SHIFT]`` (0 where that is outside the window), by
+    selects, never multiplies, so no non-finite channel leaks into another."""
+    c = tl.arange(0, DWIN)
+    pick = c[None, :, None] + SHIFT == c[None, None, :]  # (1, from, to)
+    return tl.sum(tl.where(pick, t[:, :, None], 0.0), axis=1)
+
+
+@triton.jit
+def _scatter_dot_short(
+    grad_value, value, numel, g_row, g_tail, o, w, HEAD_DIM: tl.constexpr, DWIN: tl.constexpr
+):
+    """Short rows, one corner: adds ``w * g`` to the row's own channels of its window (0 to the
+    others: one whole-window atomic) and returns the dot products ``g . row``.
+
+    ``g_row``/``g_tail``: (BLOCK_Q, DWIN) the output gradient laid out as in a window that starts
+    at the row / ``DWIN - HEAD_DIM`` before it, 0 elsewhere.
+    """
+    start, tail = _window_start(o, numel, HEAD_DIM, DWIN)
+    c = tl.arange(0, DWIN)[None, None, :]
+    t3 = tail[:, :, None]
+    own = tl.where(t3, c >= DWIN - HEAD_DIM, c < HEAD_DIM)
+    g = tl.where(t3, g_tail[:, None, :], g_row[:, None, :])
+    tl.atomic_add(grad_value + start[:, :, None] + c, tl.where(own, w[:, :, None] * g, 0.0))
+    v = tl.load(value + start[:, :, None] + c).to(tl.float32)
+    return tl.sum(tl.where(own, g * v, 0.0), axis=2)
 
 
 @triton.jit
@@ -211,6 +277,7 @@ def msda_fwd_kernel(
     """out (bs, num_queries, heads * D): each program loops over its work items."""
     lv, lvl_H, lvl_W, lvl_start = _level_tables(shapes, starts, NUM_LEVELS, LEVELS_P2)
     dw = tl.arange(0, DWIN)
+    numel = batch.to(tl.int64) * num_keys * (NUM_HEADS * HEAD_DIM)
     num_items = batch * tl.cdiv(num_queries, BLOCK_Q) * NUM_HEADS
     for w in range(tl.program_id(0), num_items, tl.num_programs(0)):
         b, q, qmask, h = _work_item(w, num_queries, NUM_HEADS, BLOCK_Q)
@@ -243,11 +310,21 @@ def msda_fwd_kernel(
             w01 = tl.where(m01, a * gy * fx, 0.0)
             w10 = tl.where(m10, a * fy * gx, 0.0)
             w11 = tl.where(m11, a * fy * fx, 0.0)
-            acc0 += _blend(value, o00, o01, o10, o11, w00, w01, w10, w11, 0, DWIN)
+            if DWIN > HEAD_DIM:  # short rows: acc0 / acc1 sum windows at / before their rows
+                acc0, acc1 = _blend_short(value, numel, o00, w00, acc0, acc1, HEAD_DIM, DWIN)
+                acc0, acc1 = _blend_short(value, numel, o01, w01, acc0, acc1, HEAD_DIM, DWIN)
+                acc0, acc1 = _blend_short(value, numel, o10, w10, acc0, acc1, HEAD_DIM, DWIN)
+                acc0, acc1 = _blend_short(value, numel, o11, w11, acc0, acc1, HEAD_DIM, DWIN)
+            else:
+                acc0 += _blend(value, o00, o01, o10, o11, w00, w01, w10, w11, 0, DWIN)
             if DWIN < HEAD_DIM:
                 acc1 += _blend(value, o00, o01, o10, o11, w00, w01, w10, w11, HEAD_DIM - DWIN, DWIN)
         o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + dw[None, :]
-        tl.store(out + o, acc0, mask=qmask[:, None])
+        if DWIN > HEAD_DIM:
+            acc0 += _move_channels(acc1, HEAD_DIM - DWIN, DWIN)
+            tl.store(out + o, acc0, mask=qmask[:, None] & (dw < HEAD_DIM)[None, :])
+        else:
+            tl.store(out + o, acc0, mask=qmask[:, None])
         if DWIN < HEAD_DIM:
             # Overlapping channels get the same sums again, bit for bit.
             tl.store(out + o + (HEAD_DIM - DWIN), acc1, mask=qmask[:, None])
@@ -279,14 +356,21 @@ def msda_bwd_kernel(
     """grad_value (float32, row atomics), grad_loc, grad_attn; programs loop over work items."""
     lv, lvl_H, lvl_W, lvl_start = _level_tables(shapes, starts, NUM_LEVELS, LEVELS_P2)
     dw = tl.arange(0, DWIN)
+    numel = batch.to(tl.int64) * num_keys * (NUM_HEADS * HEAD_DIM)
     num_items = batch * tl.cdiv(num_queries, BLOCK_Q) * NUM_HEADS
     for w in range(tl.program_id(0), num_items, tl.num_programs(0)):
         b, q, qmask, h = _work_item(w, num_queries, NUM_HEADS, BLOCK_Q)
         row = b * num_queries + q
         base_row = b * num_keys * NUM_HEADS + h
         o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + dw[None, :]
-        g0 = tl.load(grad_out + o, mask=qmask[:, None], other=0.0).to(tl.float32)
-        g1 = g0
+        if DWIN > HEAD_DIM:
+            # Short rows: g0 / g1 as a window at / DWIN - HEAD_DIM before the row sees them.
+            gmask = qmask[:, None] & (dw < HEAD_DIM)[None, :]
+            g0 = tl.load(grad_out + o, mask=gmask, other=0.0).to(tl.float32)
+            g1 = _move_channels(g0, DWIN - HEAD_DIM, DWIN)
+        else:
+            g0 = tl.load(grad_out + o, mask=qmask[:, None], other=0.0).to(tl.float32)
+            g1 = g0
         if DWIN < HEAD_DIM:
             # The second window leaves the channels the first one covers to it.
             g1 = tl.load(grad_out + o + (HEAD_DIM - DWIN), mask=qmask[:, None], other=0.0)
@@ -316,9 +400,23 @@ def msda_bwd_kernel(
             w01 = tl.where(m01, a * gy * fx, 0.0)
             w10 = tl.where(m10, a * fy * gx, 0.0)
             w11 = tl.where(m11, a * fy * fx, 0.0)
-            dot00, dot01, dot10, dot11 = _scatter_dot(
-                grad_value, value, g0, o00, o01, o10, o11, w00, w01, w10, w11, 0, DWIN
-            )
+            if DWIN > HEAD_DIM:
+                dot00 = _scatter_dot_short(
+                    grad_value, value, numel, g0, g1, o00, w00, HEAD_DIM, DWIN
+                )
+                dot01 = _scatter_dot_short(
+                    grad_value, value, numel, g0, g1, o01, w01, HEAD_DIM, DWIN
+                )
+                dot10 = _scatter_dot_short(
+                    grad_value, value, numel, g0, g1, o10, w10, HEAD_DIM, DWIN
+                )
+                dot11 = _scatter_dot_short(
+                    grad_value, value, numel, g0, g1, o11, w11, HEAD_DIM, DWIN
+                )
+            else:
+                dot00, dot01, dot10, dot11 = _scatter_dot(
+                    grad_value, value, g0, o00, o01, o10, o11, w00, w01, w10, w11, 0, DWIN
+                )
             if DWIN < HEAD_DIM:
                 e00, e01, e10, e11 = _scatter_dot(
                     grad_value,

@@ -34,7 +34,13 @@ TILE_ELEMS = 2048
 # Rows a work item gathers per corner: each costs int64 offsets, masks and weights in UB and
 # a copy descriptor, which dominate once rows are short (small head_dim).
 MAX_ROWS = 64
+# Short rows (head_dim below 32 bytes) carry (rows, window) masks and selects per corner; at 64
+# rows bishengir-compile 1.2.0's PlanMemory ran for minutes on the backward (32 rows: 6 s).
+MAX_ROWS_SHORT = 32
 _MAX_BLOCK_Q = 64
+# triton-adapter-opt 3.2.0 asserts on the backward with one-query tiles
+# (InterleaveOptimization.cpp:635), so a tile always has at least two query rows.
+MIN_BLOCK_Q = 2
 _INDEX_TYPES = {"int64": "*i64", "int32": "*i32"}
 
 
@@ -66,12 +72,24 @@ def vector_cores() -> int:
     return _device_vector_cores(torch.npu.current_device())
 
 
-def window(head_dim: int) -> int:
-    """Width of the power-of-two channel windows: head_dim itself, or the largest below it.
+# bishengir-compile copies a gathered row into UB with one DMA only from 32 bytes up; a shorter
+# row becomes element copies, and a shorter atomic row scalar atomics (the HIVM compile check).
+MIN_ROW_BYTES = 32
+_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
-    A non-power-of-two head_dim is covered by two overlapping windows, so that no row copy
-    reads past its row (see ``triton_ascend_kernels.py``).
+
+def window(head_dim: int, dtype_name: str = "float32", numel: int = 2**31) -> int:
+    """Width of the power-of-two channel windows of rows of ``value`` (``numel`` elements).
+
+    Rows of 32 bytes or more: head_dim itself, or the largest power of two below it (a
+    non-power-of-two head_dim is covered by two overlapping windows, so no row copy reads past
+    its row). Shorter rows: one 32-byte window (DWIN > head_dim), when ``value`` holds at least
+    two such windows; else head_dim's exact windows (element copies, for tiny tensors only).
+    See ``triton_ascend_kernels.py``.
     """
+    short = MIN_ROW_BYTES // _ELEMENT_BYTES[dtype_name]
+    if head_dim < short and numel >= 2 * short:
+        return short
     pow2 = next_power_of_2(head_dim)
     return head_dim if pow2 == head_dim else pow2 // 2
 
@@ -89,11 +107,13 @@ def plan(dtype_name: str, shape: MSDAShape, index_dtype: str) -> Dict[str, Kerne
         )
     ptr = pointer_type(dtype_name)
     idx = _INDEX_TYPES[index_dtype]
-    dwin = window(shape.head_dim)
+    numel = shape.batch * shape.num_keys * shape.num_heads * shape.head_dim
+    dwin = window(shape.head_dim, dtype_name, numel)
     samples = shape.num_levels * shape.num_points
-    rows = min(MAX_ROWS, max(1, TILE_ELEMS // dwin))
-    block_s = min(next_power_of_2(samples), rows)
+    rows = min(MAX_ROWS_SHORT if dwin > shape.head_dim else MAX_ROWS, max(1, TILE_ELEMS // dwin))
+    block_s = min(next_power_of_2(samples), max(1, rows // MIN_BLOCK_Q))
     block_q = min(_MAX_BLOCK_Q, rows // block_s, next_power_of_2(shape.num_queries))
+    block_q = max(MIN_BLOCK_Q, block_q)
     qblocks = -(-shape.num_queries // block_q)
     items = shape.batch * qblocks * shape.num_heads
     if items >= 2**31:
@@ -109,7 +129,7 @@ def plan(dtype_name: str, shape: MSDAShape, index_dtype: str) -> Dict[str, Kerne
         batch=int_type(shape.batch),
     )
     signatures = kernel_signatures(ptr, idx, "*fp32", sizes)
-    windows = 1 if dwin == shape.head_dim else 2
+    windows = 2 if dwin < shape.head_dim else 1
     why = (
         f"{items} work items (batch {shape.batch} x {qblocks} query blocks of {block_q} x "
         f"{shape.num_heads} heads) looped over {programs} programs = min(items, {cores} "
