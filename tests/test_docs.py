@@ -2,8 +2,8 @@
 
 The site builds with warnings as errors (``mkdocs build --strict``: broken links, anchors and
 nav entries, docstring problems) without fetching anything; every relative link of README.md
-and docs/ resolves; every ``tools/...``, ``configs/...`` and ``tests/...`` path a page names
-exists.
+and docs/ resolves (anchors into Markdown pages included); every ``tools/...``,
+``configs/...`` and ``tests/...`` path a page names exists.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Set, Tuple
 
 import pytest
+from markdown.extensions.toc import slugify
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -81,15 +82,29 @@ def test_docs_site_builds_strictly_and_offline(tmp_path):
     assert list((site / "_repo" / "results").rglob("*.png"))
 
 
+def anchors(path: Path) -> Set[str]:
+    """The anchors of a page's headings, as MkDocs (Python-Markdown's toc) and GitHub make them."""
+    found, in_fence = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if FENCE.match(line.lstrip()):
+            in_fence = not in_fence
+        elif not in_fence and line.startswith("#"):
+            found.add(slugify(line.lstrip("#").strip().replace("`", ""), "-"))
+    return found
+
+
 def test_every_relative_link_resolves():
     broken = []
     for page in pages():
-        for number, target in links(page):
-            target = target.split("#", 1)[0]
-            if not target or re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("/"):
+        for number, link in links(page):
+            target, _, anchor = link.partition("#")
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("/"):
                 continue
-            if not (page.parent / target).exists():
-                broken.append(f"{page.relative_to(ROOT)}:{number}: {target}")
+            path = page.parent / target if target else page
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}:{number}: {link}")
+            elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{page.relative_to(ROOT)}:{number}: {link} (no such heading)")
     assert not broken, "broken relative links:\n" + "\n".join(broken)
 
 
