@@ -299,6 +299,7 @@ HIVMC_MISSING = (
 )
 _HIVMC_STOP = HIVMC_MISSING[3]
 _DUMP = re.compile(r"^// -----// IR Dump After \w+ \(([\w-]+)\) //----- //$")
+_SAID = re.compile(r"^(?:loc\(|\[(?:ERROR|WARNING|INFO)\]|error:|warning:)")
 _LOC = re.compile(r'^loc\((?:"[^"]*"|[^)])*\):\s*')
 _CAST = re.compile(r"hivm\.hir\.pointer_cast\(([^)]*)\)\s*:\s*(memref<[^>]*address_space<ub>>)")
 _I64 = re.compile(r"^\s*(%[\w]+) = arith\.constant (-?\d+) : i64\s*$", re.M)
@@ -335,13 +336,17 @@ def compiler_version(compiler: str) -> str:
 def split_output(text: str, kernel: str) -> Tuple[Dict[str, List[str]], List[str]]:
     """bishengir-compile's output -> ({pass: [dumps of ``kernel``'s function]}, other lines).
 
-    A dump runs from its header to the first line that is a lone ``}`` (the function's end).
+    A dump runs from its header to the first line that is a lone ``}`` (the function's end);
+    diagnostics (``loc(...): error: ...``, ``[ERROR] ...``) are never part of one.
     """
     dumps: Dict[str, List[str]] = {}
     said: List[str] = []
     current: Optional[List[str]] = None
     name = ""
     for line in text.splitlines():
+        if _SAID.match(line):  # a diagnostic, even where a dump printed in another form runs on
+            said.append(_LOC.sub("", line.strip()))
+            continue
         if current is not None:
             current.append(line)
             if line == "}":
@@ -480,7 +485,9 @@ def compile_hivm(
     unknown = [s for s in said if s not in HIVMC_MISSING]
     missing = [p for p in HIVM_DUMPS if p not in dumps]
     if unknown or missing or (HIVMC_MISSING[0] if a5 else _HIVMC_STOP) not in said:
-        reason = "\n".join(unknown or said)[-2000:]
+        # Its errors first: a build that prints IR in another form leaves IR lines here too.
+        errors = [s for s in unknown if "error" in s.lower()]
+        reason = "\n".join(errors or unknown or said)[-2000:]
         if missing:
             reason += f"\n(no IR printed after {', '.join(missing)})"
         result["hivm_error"] = f"bishengir-compile exited {proc.returncode}: {reason}"
