@@ -9,6 +9,7 @@ and docs/ resolves (anchors into Markdown pages included); every ``tools/...``,
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -130,3 +131,28 @@ def test_every_named_tools_configs_tests_path_exists():
 )
 def test_expand_braces(text, expected):
     assert expand_braces(text) == expected
+
+
+def test_plot_benchmark_draws_both_json_kinds(tmp_path):
+    """tools/plot_benchmark.py, which draws the speed-up plots the Performance page shows."""
+    row = {"fwd_x": 2.0, "bwd_x": 0.5, "fwd_bwd_x": 1.2, "queued_x": 1.1, "kernel_x": 3.0}
+    rows = [
+        {"case": "a", "impl": "grid_sample", **dict.fromkeys(row, 1.0)},
+        {"case": "a", "impl": "cpu", **row},
+        {"case": "b", "impl": "cpu", **row, "bwd_x": float("nan")},
+    ]
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"results": rows}))
+    check = tmp_path / "check.json"
+    check.write_text(json.dumps({"benchmark": {"rows": rows}}))
+    for source, panels in ((bench, []), (check, ["--panels", "fwd_bwd_x,kernel_x"])):
+        out = tmp_path / f"{source.stem}.png"
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "plot_benchmark.py"), str(source), str(out)]
+            + panels,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert out.read_bytes().startswith(b"\x89PNG")
