@@ -345,22 +345,46 @@ def test_planned_launches_lower_without_scalar_atomics_or_loads(compiled):
             assert r["row_atomics_per_item"] == r["row_gathers_per_item"], where
 
 
+def assert_compiled_without_element_work(tag, r):
+    """The HIVM rung passed: no scalar atomics, element copies in loops, global scalar loads
+    or one-element vector ops; the UB plan fits on the first try."""
+    where = f"{tag}: " + (r.get("hivm_error") or r.get("error") or str(r))
+    assert r["lowered"] and r["hivm_ok"], where
+    assert r["scalar_atomics"] == 0 and r["scalar_loads"] == 0, where
+    assert r["plan_memory_runs"] == 1 and r["ub_planned_bytes"] <= UB_BYTES, where
+    assert r["hivm_scalar_atomics"] == 0 and r["hivm_looped_element_copies"] == 0, where
+    assert r["hivm_gm_scalar_loads"] == 0 and r["hivm_single_point_vector_ops"] == 0, where
+
+
 def test_every_planned_launch_compiles_through_hivm(compiled):
     """bishengir-compile runs each launch through HFusion, HIVM, PlanMemory and GraphSyncSolver
     and stops only for want of hivmc. What it made: the UB plan fits with double buffering on
     the first try, one copy of the body, whole-row atomics only, no element copies or global
     scalar loads in any loop, no one-element vector op."""
     for tag, r in compiled.items():
-        where = f"{tag}: " + (r["hivm_error"] or str(r))
-        assert r["hivm_ok"] and r["hivm_error"] is None, where
-        assert r["plan_memory_runs"] == 1 and r["multi_buffers"] > 0, where
-        assert 0 < r["ub_planned_bytes"] <= UB_BYTES, where
+        assert_compiled_without_element_work(tag, r)
+        where = f"{tag}: {r}"
+        assert r["hivm_error"] is None and r["multi_buffers"] > 0, where
         assert r["hivm_body_copies"] == 1, where
         assert r["hivm_vector_ops"] > 50 and r["hivm_sync_ops"] > 0, where
-        assert r["hivm_scalar_atomics"] == 0 and r["hivm_looped_element_copies"] == 0, where
-        assert r["hivm_gm_scalar_loads"] == 0 and r["hivm_single_point_vector_ops"] == 0, where
         atomics = 8 if tag.startswith("odd-d257") else 4  # 4 corners, in 1 or 2 windows
         assert r["hivm_row_atomics"] == (atomics if tag.endswith("/bwd") else 0), where
+
+
+@pytest.mark.slow
+def test_any_head_dim_compiles_through_hivm():
+    """head_dim 1 to 128 (powers of two, one below and above them, odd ones) in float32 and
+    float16, 3 levels: the same rung as the planned launches (about 2 minutes on 2 cores)."""
+    planned = {
+        f"d{dim}/{dtype}/{kind}": launch
+        for dim in (1, 2, 4, 5, 6, 7, 9, 12, 15, 17, 24, 31, 33, 48, 96, 100, 128)
+        for dtype in ("float32", "float16")
+        for kind, launch in triton_launch.plan_launches(
+            "ascend", dtype, triton_launch.MSDAShape(2, 121, 77, 4, dim, 3, 4)
+        ).items()
+    }
+    for tag, r in compile_once(planned, hivm=True).items():
+        assert_compiled_without_element_work(tag, r)
 
 
 def test_triton_compile_stops_at_the_npu_binary_stage(compiled):
