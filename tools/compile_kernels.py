@@ -117,6 +117,7 @@ ASCEND_FIELDS = (
     "hivm_scalar_atomics", "hivm_element_copies", "hivm_looped_element_copies",
     "hivm_scalar_loads", "hivm_gm_scalar_loads", "hivm_scalar_stores", "hivm_sync_ops",
     "hivm_body_copies", "hivm_seconds", "scalar_atomics", "scalar_loads",
+    "hivm_vector_ops_per_item", "hivm_scalar_loads_per_item", "hivm_sync_ops_per_item",
 )  # fmt: skip
 # Ascend table: (column, row field).
 ASCEND_COLUMNS = (

@@ -415,6 +415,7 @@ def op_figures(hivm: str) -> Dict[str, int]:
         "scalar_atomics", "element_copies", "scalar_loads", "gm_scalar_loads", "scalar_stores",
         "sync_ops", "body_copies", "element_copies_per_item", "scalar_atomics_per_item",
         "row_atomics_per_item", "dma_loads_per_item", "looped_element_copies",
+        "scalar_loads_per_item", "sync_ops_per_item", "vector_ops_per_item",
     )  # fmt: skip
     counts = dict.fromkeys(names, 0)
     for i, line in enumerate(lines):
@@ -424,6 +425,7 @@ def op_figures(hivm: str) -> Dict[str, int]:
         op = found.group(1)
         if op.startswith("hivm.hir.v"):
             counts["vector_ops"] += 1
+            counts["vector_ops_per_item"] += trips[i]
             types = re.findall(r"memref<[^>]*>", line)
             counts["single_point_vector_ops"] += bool(types) and all(
                 _elements(t) == 1 for t in types
@@ -446,6 +448,7 @@ def op_figures(hivm: str) -> Dict[str, int]:
                 counts["dma_stores"] += 1
         elif op == "memref.load":
             counts["scalar_loads"] += 1
+            counts["scalar_loads_per_item"] += trips[i]
             counts["gm_scalar_loads"] += "address_space<gm>" in line
         elif op == "memref.store":
             counts["scalar_stores"] += 1
@@ -454,6 +457,7 @@ def op_figures(hivm: str) -> Dict[str, int]:
             counts["scalar_atomics_per_item"] += trips[i]
         elif op in SYNC_OPS:
             counts["sync_ops"] += 1
+            counts["sync_ops_per_item"] += trips[i]
         elif op == "hivm.hir.get_block_idx":
             counts["body_copies"] += 1
     return counts
