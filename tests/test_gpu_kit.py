@@ -51,6 +51,10 @@ def test_dry_run_runs_every_part(dry_run):
     for name in ("compile_grid_sample", "bench_float32", "bench_bfloat16", "train_grid_sample"):
         assert parts[name]["status"] == "ok", (name, parts[name])
     assert parts["train_gather"]["status"] == "ok" and parts["check_device"]["status"] == "ok"
+    # The device tests ran on the CPU: their CPU versions pass, the CUDA ones skip.
+    assert parts["device_tests"]["status"] == "ok", result["device_tests"]
+    tests = result["device_tests"]
+    assert tests["passed"] >= 2 and tests["skipped"] >= 3 and tests["failed"] == []
     # Nothing on the CPU to compare in float16 (mmcv and triton are CUDA kernels here).
     assert parts["bench_float16"]["status"].startswith("skipped")
     assert parts["mmcv_build"]["status"] == "skipped: no CUDA device"
@@ -180,7 +184,8 @@ def test_markdown_of_a_run_cut_short():
         "| triton | reduce-overhead | 2.00 | - | - |",
     ):
         assert expected in text, expected
-    assert text.count("(not run)") == 3  # benchmark table, host cost, device check
+    # benchmark table, host cost, device check, device tests
+    assert text.count("(not run)") == 4
     assert "not measured" in text
 
 

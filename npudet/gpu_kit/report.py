@@ -177,6 +177,15 @@ def markdown(report: dict) -> str:
         ]
     else:
         lines += ["(not run)"]
+    lines += ["", "## Device tests (NPUDET_TEST_DEVICE)", ""]
+    tests = report.get("device_tests")
+    if tests:
+        lines.append(
+            f"{tests['passed']} passed, {tests['skipped']} skipped, {len(tests['failed'])} failed"
+        )
+        lines += [f"- FAILED {failure}" for failure in tests["failed"]]
+    else:
+        lines += ["(not run)"]
     lines += ["", "## Goals (issue 28)", ""]
     for g in goals(report):
         target = f">= {g['target']}x" if g["target"] else "no target"

@@ -57,6 +57,29 @@ class Part:
     json: Optional[Path] = None
 
 
+# Run with NPUDET_TEST_DEVICE set to the kit's device (tests/msda_util.py).
+DEVICE_TESTS = ("tests/test_msda_int64.py", "tests/test_msda_graph_capture.py")
+
+
+def junit_summary(path: Path) -> dict:
+    """pytest's JUnit XML -> {"passed": n, "skipped": n, "failed": [test ids with message]}."""
+    import xml.etree.ElementTree as ET
+
+    summary: dict = {"passed": 0, "skipped": 0, "failed": []}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if problem is not None:
+            summary["failed"].append(f"{name}: {(problem.get('message') or '')[:300]}")
+        elif case.find("skipped") is not None:
+            summary["skipped"] += 1
+        else:
+            summary["passed"] += 1
+    return summary
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -149,6 +172,7 @@ class Kit:
             "compile": [],
             "host_cost": None,
             "check": None,
+            "device_tests": None,
         }
 
     def left(self) -> float:
@@ -279,6 +303,25 @@ class Kit:
             }
         self.save()
 
+    def run_device_tests(self) -> None:
+        """The device-parametrised tests no other part covers (``NPUDET_TEST_DEVICE``): int64
+        indexing past 2**31 elements, CUDA-graph replay and reduce-overhead compile."""
+        xml = self.work / "device_tests.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *DEVICE_TESTS]
+        cmd += [f"--junitxml={xml}"]
+        env = dict(self.env, NPUDET_TEST_DEVICE=self.device)
+        timeout = min(240.0, self.left())
+        if timeout < MIN_PART_S:
+            self.note("device_tests", "skipped: out of time")
+            return
+        began = time.perf_counter()
+        self.log.write(f"\n### device_tests: {' '.join(cmd)}\n")
+        self.log.flush()
+        status = finish(start(cmd, _child_env(env), self.log), timeout)
+        self.report["device_tests"] = junit_summary(xml) if xml.is_file() else None
+        self.note("device_tests", status, time.perf_counter() - began)
+        self.save()
+
     def run(self) -> dict:
         """The whole plan; the report (also written to ``out``)."""
         try:
@@ -296,6 +339,7 @@ class Kit:
             self.run_bench("float16", self.mmcv_lib)
             self.run_bench("bfloat16", self.mmcv_lib)
             self.run_check()
+            self.run_device_tests()
             for impl in compiles[1:]:
                 self.run_model_part("compile", impl)
         finally:
