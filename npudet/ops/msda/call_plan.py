@@ -32,7 +32,8 @@ from . import observe
 from .inputs import _check_levels
 
 Kernel = Callable[..., torch.Tensor]
-# Distinct signatures kept; beyond it the oldest plan goes (a model has a handful).
+# Distinct signatures kept; beyond it the oldest plan goes. A model has a handful per input
+# size, but padded batches of varying image sizes bring a new num_keys nearly every step.
 MAX_PLANS = 512
 
 

@@ -101,7 +101,9 @@ def build_launchers(
 
 
 # (schedule, dtype, shape, index dtype) -> launchers: planned and bound once per signature.
+# Bounded: padded batches of varying image sizes make a new num_keys nearly every step.
 _LAUNCHERS: Dict[tuple, Tuple[Launcher, Launcher]] = {}
+MAX_LAUNCHERS = 512
 
 
 def _launchers(
@@ -117,6 +119,8 @@ def _launchers(
     )
     launchers = _LAUNCHERS.get(key)
     if launchers is None:
+        if len(_LAUNCHERS) >= MAX_LAUNCHERS:
+            del _LAUNCHERS[next(iter(_LAUNCHERS))]
         launchers = _LAUNCHERS[key] = build_launchers(
             key[0],
             str(value.dtype).removeprefix("torch."),
