@@ -1,5 +1,8 @@
 // The CPU kernels as torch ops with their autograd in C++, so that a call from Python is one
-// dispatcher call: no Python between the op and the kernel, forward or backward.
+// dispatcher call: no Python between the op and the kernel, forward or backward. The
+// backward node is written as ATen's generated ones are (a Node with its saved variables),
+// not as a torch::autograd::Function: measured on a 1-query call, the custom-function node
+// cost 13 us more per forward+backward (65 vs 78 us; one ATen op with autograd: 40 us).
 //
 //   npudet::msda_cpu_forward(value, spatial_shapes, level_start_index, sampling_locations,
 //                            attention_weights, int[] options) -> Tensor       (CPU, Autograd)
@@ -13,13 +16,19 @@
 #include "msda_cpu.h"
 
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
+#include <memory>
+#include <mutex>
+#include <string>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
-using torch::autograd::AutogradContext;
+using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
 at::ScalarType compute_type(at::ScalarType t) {
@@ -61,29 +70,49 @@ const c10::TypedOperatorHandle<decltype(forward_cpu)>& forward_op() {
   return op;
 }
 
-class MSDACpuFunction : public torch::autograd::Function<MSDACpuFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& value,
-                            const at::Tensor& spatial_shapes, const at::Tensor& level_start_index,
-                            const at::Tensor& sampling_locations,
-                            const at::Tensor& attention_weights, at::IntArrayRef options) {
-    ctx->saved_data["options"] = options.vec();
-    ctx->save_for_backward(
-        {value, spatial_shapes, level_start_index, sampling_locations, attention_weights});
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return forward_op().call(value, spatial_shapes, level_start_index, sampling_locations,
-                   attention_weights, options);
+const c10::TypedOperatorHandle<decltype(backward_cpu)>& backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("npudet::msda_cpu_backward", "")
+                             .typed<decltype(backward_cpu)>();
+  return op;
+}
+
+// torch >= 2.13 holds autograd nodes in c10::intrusive_ptr; earlier releases in shared_ptr
+// with torch::autograd::deleteNode (found by argument-dependent lookup through Node), which
+// frees a long graph without deep recursion.
+template <typename T>
+auto make_node() {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, T>) {
+    return c10::make_intrusive<T>();
+  } else {
+    return std::shared_ptr<T>(new T(), [](T* node) { deleteNode(node); });
+  }
+}
+
+// Gradients of value, sampling_locations and attention_weights (the node's next edges, in
+// that order) from the output's.
+struct MSDACpuBackward final : public torch::autograd::TraceableFunction {
+  SavedVariable value, shapes, starts, loc, attn;
+  std::vector<int64_t> options;
+
+  std::string name() const override { return "MSDACpuBackward"; }
+
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    value.reset_data();
+    shapes.reset_data();
+    starts.reset_data();
+    loc.reset_data();
+    attn.reset_data();
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const std::vector<int64_t> options = ctx->saved_data["options"].toIntVector();
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("npudet::msda_cpu_backward", "")
-                         .typed<decltype(backward_cpu)>();
+  variable_list apply(variable_list&& grads) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     auto [grad_value, grad_loc, grad_attn] =
-        op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], options);
-    return {grad_value, at::Tensor(), at::Tensor(), grad_loc, grad_attn, at::Tensor()};
+        backward_op().call(grads[0], value.unpack(), shapes.unpack(), starts.unpack(),
+                           loc.unpack(), attn.unpack(), options);
+    return {grad_value, grad_loc, grad_attn};
   }
 };
 
@@ -99,8 +128,23 @@ at::Tensor forward_autograd(const at::Tensor& value, const at::Tensor& spatial_s
     return forward_op().call(value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights, options);
   }
-  return MSDACpuFunction::apply(value, spatial_shapes, level_start_index, sampling_locations,
-                                attention_weights, options);
+  at::Tensor out;
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    out = forward_op().call(value, spatial_shapes, level_start_index, sampling_locations,
+                            attention_weights, options);
+  }
+  auto node = make_node<MSDACpuBackward>();
+  node->set_next_edges(
+      torch::autograd::collect_next_edges(value, sampling_locations, attention_weights));
+  node->value = SavedVariable(value, /*is_output=*/false);
+  node->shapes = SavedVariable(spatial_shapes, /*is_output=*/false);
+  node->starts = SavedVariable(level_start_index, /*is_output=*/false);
+  node->loc = SavedVariable(sampling_locations, /*is_output=*/false);
+  node->attn = SavedVariable(attention_weights, /*is_output=*/false);
+  node->options = options.vec();
+  torch::autograd::set_history(out, node);
+  return out;
 }
 
 }  // namespace
