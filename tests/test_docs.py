@@ -3,7 +3,8 @@
 The site builds with warnings as errors (``mkdocs build --strict``: broken links, anchors and
 nav entries, docstring problems) without fetching anything; every relative link of README.md
 and docs/ resolves (anchors into Markdown pages included); every ``tools/...``,
-``configs/...`` and ``tests/...`` path a page names exists.
+``configs/...`` and ``tests/...`` path a page names exists; the README stays short (<= 16 KB),
+with the two commands in its first 40 lines.
 """
 
 from __future__ import annotations
@@ -120,6 +121,13 @@ def test_every_named_tools_configs_tests_path_exists():
                     if not glob.glob(str(ROOT / path)):
                         missing.append(f"{page.relative_to(ROOT)}:{number}: {path}")
     assert not missing, "paths named but not in the tree:\n" + "\n".join(missing)
+
+
+def test_readme_is_short_with_the_two_commands_on_top():
+    data = README.read_bytes()
+    assert len(data) <= 16 * 1024, f"README.md is {len(data)} bytes (> 16 KB): move text to docs/"
+    top = "\n".join(data.decode("utf-8").splitlines()[:40])
+    assert "bash tools/main_job.sh" in top and "bash tools/test.sh" in top
 
 
 @pytest.mark.parametrize(
