@@ -120,19 +120,14 @@ at::Tensor forward_autograd(const at::Tensor& value, const at::Tensor& spatial_s
                             const at::Tensor& level_start_index,
                             const at::Tensor& sampling_locations,
                             const at::Tensor& attention_weights, at::IntArrayRef options) {
-  if (!at::GradMode::is_enabled() || !(value.requires_grad() ||
-                                       sampling_locations.requires_grad() ||
-                                       attention_weights.requires_grad())) {
-    // Nothing to differentiate: no graph node, no saved tensors (the no-grad call's cost).
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return forward_op().call(value, spatial_shapes, level_start_index, sampling_locations,
-                             attention_weights, options);
-  }
   at::Tensor out;
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     out = forward_op().call(value, spatial_shapes, level_start_index, sampling_locations,
                             attention_weights, options);
+  }
+  if (!torch::autograd::compute_requires_grad(value, sampling_locations, attention_weights)) {
+    return out;  // nothing to differentiate: no graph node, no saved tensors
   }
   auto node = make_node<MSDACpuBackward>();
   node->set_next_edges(

@@ -77,9 +77,7 @@ def multi_scale_deformable_attn(
         key = call_plan.signature(
             impl, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
         )
-        call_plan.store(key, kernel, inputs.num_keys).check_levels(
-            spatial_shapes, level_start_index
-        )
+        call_plan.store(key, kernel, inputs.num_keys)  # levels: checked by validate_inputs
     return kernel(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
 
 

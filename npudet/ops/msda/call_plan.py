@@ -11,10 +11,10 @@ values: ``impl``; shape, dtype and device of all five inputs; whether a gradient
 (grad mode, requires_grad); the deterministic-algorithms flags. An input that differs
 in any of these misses and takes the whole path, which refuses it with the usual error.
 Only plain tensors use and make plans (``plannable``: not FakeTensors or other subclasses).
-The level tensors' values are checked per tensor pair: a plan remembers the last pair it
-saw with their in-place write counts (``_version``), so the same tensors, unmodified, are
-not read again; other tensors, or the same after an in-place write, are read and checked
-(``inputs._check_levels``: one host read, an error naming the argument).
+The level tensors' values are checked by ``inputs._check_levels`` on every call, as on the
+whole path: the same tensors, unmodified (``_version``), are not read again; other tensors,
+or the same after an in-place write, are read and checked (one host read, an error naming
+the argument).
 
 Plans are dropped (``clear``) when anything they were decided on changes: an
 implementation registered, verification records reset or saved. Observers and
@@ -23,8 +23,7 @@ implementation registered, verification records reset or saved. Observers and
 
 from __future__ import annotations
 
-import weakref
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 
@@ -37,35 +36,12 @@ Kernel = Callable[..., torch.Tensor]
 MAX_PLANS = 512
 
 
-class Plan:
-    """A bound kernel and the level tensors last checked with it."""
+class Plan(NamedTuple):
+    """A kernel bound to one call signature, and that signature's ``num_keys`` (what the
+    level tensors' values are checked against)."""
 
-    __slots__ = ("kernel", "num_keys", "_shapes", "_starts", "_versions")
-
-    def __init__(self, kernel: Kernel, num_keys: int) -> None:
-        self.kernel = kernel
-        self.num_keys = num_keys
-        self._shapes: Optional[weakref.ref] = None
-        self._starts: Optional[weakref.ref] = None
-        self._versions: Tuple[int, int] = (-1, -1)
-
-    def check_levels(self, spatial_shapes: torch.Tensor, level_start_index: torch.Tensor) -> None:
-        """Raise as ``validate_inputs`` would unless these level tensors hold a valid layout;
-        reads them only when they are not the pair last checked, unmodified."""
-        shapes_ref, starts_ref = self._shapes, self._starts
-        if (
-            shapes_ref is not None
-            and shapes_ref() is spatial_shapes
-            and starts_ref() is level_start_index
-            and (spatial_shapes._version, level_start_index._version) == self._versions
-        ):
-            return
-        _check_levels(spatial_shapes, level_start_index, self.num_keys)
-        if spatial_shapes.is_inference() or level_start_index.is_inference():
-            return  # no write counts: read on every call
-        self._shapes = weakref.ref(spatial_shapes)
-        self._starts = weakref.ref(level_start_index)
-        self._versions = (spatial_shapes._version, level_start_index._version)
+    kernel: Kernel
+    num_keys: int
 
 
 _PLANS: Dict[tuple, Plan] = {}
@@ -126,7 +102,7 @@ def lookup(
         return None
     plan = _PLANS.get(key)
     if plan is not None:
-        plan.check_levels(spatial_shapes, level_start_index)
+        _check_levels(spatial_shapes, level_start_index, plan.num_keys)
     return plan
 
 

@@ -22,7 +22,7 @@ import torch
 
 from . import cpu_isa
 from .cpu_options import CPUKernelOptions
-from .inputs import MSDAInputs
+from .inputs import MSDAInputs, empty_grads, empty_output
 from .native_build import load_extension
 from .registry import Kernel, MSDAImpl, register, register_variant
 
@@ -115,8 +115,7 @@ msda_cpu_backward = torch.ops.npudet.msda_cpu_backward.default
 
 @torch.library.register_fake("npudet::msda_cpu_forward", lib=_LIB)
 def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, options):
-    bs, _, heads, dim = value.shape
-    return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
+    return empty_output(value, sampling_locations)
 
 
 @torch.library.register_fake("npudet::msda_cpu_backward", lib=_LIB)
@@ -129,11 +128,7 @@ def _(
     attention_weights,
     options,
 ):
-    return (
-        torch.empty_like(value, memory_format=torch.contiguous_format),
-        torch.empty_like(sampling_locations, memory_format=torch.contiguous_format),
-        torch.empty_like(attention_weights, memory_format=torch.contiguous_format),
-    )
+    return empty_grads(value, sampling_locations, attention_weights)
 
 
 class CPUImpl(MSDAImpl):

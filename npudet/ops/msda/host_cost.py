@@ -49,13 +49,19 @@ def host_case(device: str = "cpu") -> Tuple[torch.Tensor, ...]:
 Calls = Dict[str, Callable[[], object]]
 
 
+def _autograd_calls(fwd: Callable[[], torch.Tensor]) -> Calls:
+    """The three timed calls of a differentiable forward: alone, with ``.sum().backward()``,
+    and (timed under ``torch.no_grad()``) alone."""
+    return {"fwd_us": fwd, "fwd_bwd_us": lambda: fwd().sum().backward(), "nograd_fwd_us": fwd}
+
+
 def _op_calls(impl: str, inputs: Tuple[torch.Tensor, ...]) -> Calls:
     value, shapes, starts, loc, attn = inputs
 
     def fwd():
         return multi_scale_deformable_attn(value, shapes, starts, loc, attn, impl=impl)
 
-    return {"fwd_us": fwd, "fwd_bwd_us": lambda: fwd().sum().backward(), "nograd_fwd_us": fwd}
+    return _autograd_calls(fwd)
 
 
 def _grid_sample_calls(device: str) -> Calls:
@@ -65,7 +71,7 @@ def _grid_sample_calls(device: str) -> Calls:
     def fwd():
         return F.grid_sample(image, grid, mode="bilinear", align_corners=False)
 
-    return {"fwd_us": fwd, "fwd_bwd_us": lambda: fwd().sum().backward(), "nograd_fwd_us": fwd}
+    return _autograd_calls(fwd)
 
 
 def _addcmul_calls(device: str) -> Calls:
@@ -74,10 +80,10 @@ def _addcmul_calls(device: str) -> Calls:
     def fwd():
         return torch.addcmul(a, b, c)
 
-    return {"fwd_us": fwd, "fwd_bwd_us": lambda: fwd().sum().backward(), "nograd_fwd_us": fwd}
+    return _autograd_calls(fwd)
 
 
-def _cpu_kernel_calls(inputs: Tuple[torch.Tensor, ...]) -> Optional[Calls]:
+def _cpu_kernel_calls(inputs: Tuple[torch.Tensor, ...]) -> Calls:
     """The ``cpu`` kernel's ops called directly: forward op, backward op, no autograd."""
     from . import cpu_impl
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -38,6 +39,24 @@ class MSDAInputs:
     @property
     def value_numel(self) -> int:
         return self.batch * self.num_keys * self.num_heads * self.head_dim
+
+
+def empty_output(value: torch.Tensor, sampling_locations: torch.Tensor) -> torch.Tensor:
+    """An uninitialised output of the contract: (bs, num_queries, heads * D), value's dtype
+    (what the ops' fake kernels return)."""
+    bs, _, heads, dim = value.shape
+    return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
+
+
+def empty_grads(
+    value: torch.Tensor, sampling_locations: torch.Tensor, attention_weights: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Uninitialised, contiguous gradients of value, sampling_locations and
+    attention_weights, each shaped and typed as its input (the backward ops' fake kernels)."""
+    return tuple(
+        torch.empty_like(t, memory_format=torch.contiguous_format)
+        for t in (value, sampling_locations, attention_weights)
+    )
 
 
 def _shape_error(name: str, expected: str, tensor: torch.Tensor) -> ValueError:
@@ -145,6 +164,10 @@ def validate_inputs(
 # spatial_shapes -> (level_start_index, both tensors' in-place write counts, num_keys) of
 # the last layout whose values were checked. Weak keys: a freed tensor's id can be reused.
 _checked_layouts: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# The last pair found valid, tried first: a model hands one pair to every layer of a
+# forward, so most calls end at an identity test instead of a weak-key look-up (which
+# costs about as much as the rest of a planned call). (weakref, weakref, state) or None.
+_last_checked: Optional[tuple] = None
 
 
 def _check_levels(
@@ -156,11 +179,22 @@ def _check_levels(
     writes), and the same ``num_keys`` reads nothing: no device-to-host sync per call.
     Inference tensors have no write count, so they are read on every call.
     """
+    global _last_checked
+    last = _last_checked
+    # Identity first: only a stored (so trackable) pair reaches the write counts.
+    if (
+        last is not None
+        and last[0]() is spatial_shapes
+        and last[1]() is level_start_index
+        and last[2] == (spatial_shapes._version, level_start_index._version, num_keys)
+    ):
+        return
     trackable = not (spatial_shapes.is_inference() or level_start_index.is_inference())
     if trackable:
         state = (spatial_shapes._version, level_start_index._version, num_keys)
         checked = _checked_layouts.get(spatial_shapes)
         if checked is not None and checked[0]() is level_start_index and checked[1] == state:
+            _last_checked = (weakref.ref(spatial_shapes), checked[0], state)
             return
     num_levels = spatial_shapes.shape[0]
     # Both tensors in one host read.
@@ -183,4 +217,6 @@ def _check_levels(
             f"got {starts}"
         )
     if trackable:
-        _checked_layouts[spatial_shapes] = (weakref.ref(level_start_index), state)
+        starts_ref = weakref.ref(level_start_index)
+        _checked_layouts[spatial_shapes] = (starts_ref, state)
+        _last_checked = (weakref.ref(spatial_shapes), starts_ref, state)

@@ -22,7 +22,7 @@ import torch
 
 from npudet.utils.packages import importable
 
-from .inputs import MSDAInputs
+from .inputs import MSDAInputs, empty_grads, empty_output
 from .registry import Kernel, MSDAImpl, register
 from .triton_launch import KernelLaunch, MSDAShape, plan_launches, schedule_for
 
@@ -156,12 +156,10 @@ def _forward(
 ) -> torch.Tensor:
     value, loc, attn = (t.contiguous() for t in (value, sampling_locations, attention_weights))
     shapes, starts = _levels(spatial_shapes, level_start_index)
-    bs, num_keys, heads, dim = value.shape
-    num_queries = loc.shape[1]
-    out = value.new_empty((bs, num_queries, heads * dim))
+    out = empty_output(value, loc)
     fwd, _ = _launchers(value, shapes, loc)
     with _device_guard(value.device):
-        fwd(value, shapes, starts, loc, attn, out, bs, num_keys, num_queries)
+        fwd(value, shapes, starts, loc, attn, out, value.shape[0], value.shape[1], loc.shape[1])
     return out
 
 
@@ -225,17 +223,19 @@ msda_triton_backward = torch.ops.npudet.msda_triton_backward.default
 
 @torch.library.register_fake("npudet::msda_triton_forward", lib=_LIB)
 def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-    bs, _, heads, dim = value.shape
-    return value.new_empty((bs, sampling_locations.shape[1], heads * dim))
+    return empty_output(value, sampling_locations)
 
 
 @torch.library.register_fake("npudet::msda_triton_backward", lib=_LIB)
-def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-    return (
-        torch.empty_like(value, memory_format=torch.contiguous_format),
-        torch.empty_like(sampling_locations, memory_format=torch.contiguous_format),
-        torch.empty_like(attention_weights, memory_format=torch.contiguous_format),
-    )
+def _(
+    grad_output,
+    value,
+    spatial_shapes,
+    level_start_index,
+    sampling_locations,
+    attention_weights,
+):
+    return empty_grads(value, sampling_locations, attention_weights)
 
 
 class _MSDATriton(torch.autograd.Function):
