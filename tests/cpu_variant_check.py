@@ -13,8 +13,9 @@ import json
 
 import torch
 
-from npudet.ops.msda import cpu_impl, msda_impls, msda_variants, multi_scale_deformable_attn
-from npudet.ops.msda.native_build import source_root
+from npudet.ops.msda import msda_impls, msda_variants, multi_scale_deformable_attn
+from npudet.ops.msda.backends import cpu as cpu_impl
+from npudet.ops.msda.kernels.native_build import source_root
 
 # (level shapes, batch, queries, heads, dim, points, location range, dtype)
 CASES = [

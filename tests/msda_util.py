@@ -9,8 +9,12 @@ always runs on the CPU. Every (implementation, device) pair a test runs is recor
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import random
+import sys
+import types
+from pathlib import Path
 from typing import List, Sequence, Set, Tuple
 from unittest import mock
 
@@ -21,7 +25,8 @@ import torch
 
 Inputs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
-# Every implementation under test is compared with this one, run on the CPU.
+# Every implementation under test is compared with this one, run on the CPU
+# (``npudet.ops.msda.checks.parity.REFERENCE``, not imported here: see above).
 REFERENCE = "grid_sample"
 
 DEVICE_ENV = "NPUDET_TEST_DEVICE"
@@ -71,30 +76,21 @@ def candidate_impls(
         ]
 
 
-def level_layout(shapes: Sequence[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, int]:
-    from npudet.ops.msda.devcheck import level_layout
+def random_inputs(**case: object) -> Inputs:
+    """``checks.parity.small_inputs(**case)`` drawn in float32 unless ``dtype`` says."""
+    from npudet.ops.msda.checks.parity import small_inputs
 
-    return level_layout(shapes)
+    return small_inputs(**{"dtype": torch.float32, **case})
 
 
-def random_inputs(
-    shapes: Sequence[Tuple[int, int]] = ((6, 4), (3, 2)),
-    batch: int = 2,
-    queries: int = 5,
-    heads: int = 2,
-    dim: int = 8,
-    points: int = 2,
-    dtype: torch.dtype = torch.float32,
-    low: float = -0.2,
-    high: float = 1.2,
-    seed: int = 0,
-) -> Inputs:
-    """``devcheck.small_inputs`` drawn in ``dtype`` (float32 by default), no NaN locations."""
-    from npudet.ops.msda.devcheck import small_inputs
-
-    return small_inputs(
-        shapes, batch, queries, heads, dim, points, low=low, high=high, seed=seed, dtype=dtype
-    )
+def load_tool(name: str) -> types.ModuleType:
+    """``tools/<name>.py`` as a module (the tools are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"npudet_tool_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def to_device(inputs: Sequence, device: str = DEVICE) -> tuple:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from msda_util import load_tool
 
-from npudet.ops.msda import MSDAImpl, devcheck, get_impl, verification
+from npudet.ops.msda import MSDAImpl, get_impl
+from npudet.ops.msda.checks import parity, records
 from npudet.ops.msda.registry import _REGISTRY
 from npudet.utils.device import device_name
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import check_device  # noqa: E402
+check_device = load_tool("check_device")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_fast_run_finds_every_cpu_implementation_correct(fast_report):
 def test_declined_cases_are_counted_apart_never_as_passes(fast_report):
     """grid_sample propagates NaN locations: that case is declined, in every dtype."""
     report, _, stdout = fast_report
-    total = len(devcheck.PARITY_CASES)
+    total = len(parity.PARITY_CASES)
     for row in report["parity"]:
         if row["impl"] == "grid_sample" and row["correct"]:
             cases = {case["case"]: case for case in row["cases"]}
@@ -81,8 +81,8 @@ def test_saved_records_carry_the_key_of_the_checking_process(fast_report):
     report, path, _ = fast_report
     for row in report["parity"]:
         assert row["key"]["torch"] == torch.__version__ and len(row["key"]["sources"]) == 16
-    record = verification.recorded("cpu", device_name("cpu"), "cpu", "float32", path=str(path))
-    assert record.key["isa"] and not verification.stale_reasons(record, "cpu")
+    record = records.recorded("cpu", device_name("cpu"), "cpu", "float32", path=str(path))
+    assert record.key["isa"] and not records.stale_reasons(record, "cpu")
 
 
 def test_fast_run_times_and_ranks_the_correct_implementations(fast_report):
@@ -103,13 +103,13 @@ def test_fast_run_times_and_ranks_the_correct_implementations(fast_report):
 def test_save_writes_what_auto_reads_back(fast_report):
     report, path, _ = fast_report
     assert report["saved"] == str(path)
-    assert verification.load_records(str(path))["version"] == verification.FORMAT_VERSION
+    assert records.load_records(str(path))["version"] == records.FORMAT_VERSION
     name = device_name("cpu")
     for row in report["verdict"]["table"]:
-        record = verification.recorded("cpu", name, row["impl"], row["dtype"], path=str(path))
+        record = records.recorded("cpu", name, row["impl"], row["dtype"], path=str(path))
         assert record is not None and record.correct == row["correct"]
         assert record.fwd_bwd_ms == row["fwd_bwd_ms"]
-    gather = verification.recorded("cpu", name, "gather", "float32", path=str(path))
+    gather = records.recorded("cpu", name, "gather", "float32", path=str(path))
     assert gather.correct and gather.fwd_bwd_ms > 0 and gather.case == "ddetr-dec"
 
 
@@ -132,13 +132,13 @@ class _Wrong(MSDAImpl):
 def test_a_crashing_or_wrong_implementation_is_a_verdict_not_an_abort(monkeypatch):
     for impl in (_Crashing(), _Wrong()):
         monkeypatch.setitem(_REGISTRY, impl.NAME, impl)
-    crashed = devcheck.check_parity("test_crashing", "cpu", torch.float32, cases=["basic"])
+    crashed = parity.check_parity("test_crashing", "cpu", torch.float32, cases=["basic"])
     assert not crashed.correct and "RuntimeError: kernel exploded" in crashed.error
     assert crashed.counts == {"passed": 0, "failed": 1, "declined": 0}
-    wrong = devcheck.check_parity("test_wrong", "cpu", torch.float32, cases=["basic", "dim-3"])
+    wrong = parity.check_parity("test_wrong", "cpu", torch.float32, cases=["basic", "dim-3"])
     assert not wrong.correct and "max relative error" in wrong.error
     assert [c.case for c in wrong.cases] == ["basic", "dim-3"]
-    right = devcheck.check_parity("gather", "cpu", torch.float32, cases=["basic"])
+    right = parity.check_parity("gather", "cpu", torch.float32, cases=["basic"])
     assert right.correct and right.cases[0].out_err < 1e-5
 
 
@@ -147,8 +147,8 @@ def test_cases_outside_declared_limits_are_declined_not_failed():
     from npudet.utils.packages import assume_packages
 
     with assume_packages({"torch_npu": "2.6.0", "mmcv": "2.2.0", "mmcv._ext": ""}):
-        case = devcheck.check_case("npu_vendor", "npu", torch.float32, "dim-3")
-    assert case.status == devcheck.DECLINED and any("head_dim 3 < 32" in r for r in case.declined)
+        case = parity.check_case("npu_vendor", "npu", torch.float32, "dim-3")
+    assert case.status == parity.DECLINED and any("head_dim 3 < 32" in r for r in case.declined)
     assert case.out_err is None
 
 
@@ -167,12 +167,12 @@ class _Picky(MSDAImpl):
 
 def test_an_implementation_that_declines_every_case_is_declined_not_correct(monkeypatch):
     monkeypatch.setitem(_REGISTRY, _Picky.NAME, _Picky())
-    some = devcheck.check_parity("test_picky", "cpu", torch.float32, cases=["basic", "dim-3"])
+    some = parity.check_parity("test_picky", "cpu", torch.float32, cases=["basic", "dim-3"])
     assert some.correct and some.counts == {"passed": 1, "failed": 0, "declined": 1}
-    assert devcheck.case_summary(some.to_json()) == "1 passed, 1 declined (dim-3)"
-    none = devcheck.check_parity("test_picky", "cpu", torch.float32, cases=["dim-3"])
+    assert parity.case_summary(some.to_json()) == "1 passed, 1 declined (dim-3)"
+    none = parity.check_parity("test_picky", "cpu", torch.float32, cases=["dim-3"])
     assert not none.correct and none.declined == ["head_dim 3 < 8"]
-    assert none.error == "declined" and devcheck.case_summary(none.to_json()) == (
+    assert none.error == "declined" and parity.case_summary(none.to_json()) == (
         "1 declined (dim-3)"
     )
 

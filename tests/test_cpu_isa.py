@@ -1,4 +1,4 @@
-"""Run-time instruction-set dispatch of the CPU kernel (``npudet.ops.msda.cpu_isa``).
+"""Run-time instruction-set dispatch of the CPU kernel (``npudet.ops.msda.backends.cpu_isa``).
 
 The choice is checked on made-up CPUs; then every variant this CPU can run (and the
 opt-in ``native``) is built and held to parity with grid_sample, each in a subprocess with
@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 from msda_util import random_inputs
 
-from npudet.ops.msda import cpu_impl, cpu_isa, multi_scale_deformable_attn
-from npudet.ops.msda.native_build import cache_dir
+from npudet.ops.msda import multi_scale_deformable_attn
+from npudet.ops.msda.backends import cpu as cpu_impl
+from npudet.ops.msda.backends import cpu_isa
+from npudet.ops.msda.kernels.native_build import cache_dir
 
 CHECK = Path(__file__).resolve().parent / "cpu_variant_check.py"
 V2 = frozenset(cpu_isa.VARIANTS["x86_64"][2].features)

@@ -11,8 +11,9 @@ import torch
 from msda_util import random_inputs, reference, run
 
 from npudet.ops import msda_impls
-from npudet.ops.msda import cpu_impl, cpu_probe
-from npudet.ops.msda.cpu_options import DEFAULT_PRIVATE_BUDGET_BYTES, CPUKernelOptions
+from npudet.ops.msda.backends import cpu as cpu_impl
+from npudet.ops.msda.backends.cpu_options import DEFAULT_PRIVATE_BUDGET_BYTES, CPUKernelOptions
+from npudet.ops.msda.checks import cpu_probe
 
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="no C++ compiler here")
 

@@ -17,21 +17,20 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from npudet.ops.msda import cpu_isa
+from npudet.ops.msda.backends import cpu_isa
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK = Path(__file__).resolve().parent / "cpu_variant_check.py"
-KERNEL = "npudet/_ops/cpu/msda_cpu.cpp"
+KERNEL = "npudet/ops/msda/kernels/csrc/cpu/msda_cpu.cpp"
 
 
 def _copy_checkout(dest: Path) -> Path:
     """The files a build reads, copied to a new folder ``dest``."""
     dest.mkdir()
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+    for name in ("pyproject.toml", "MANIFEST.in", "README.md"):
         shutil.copy2(REPO / name, dest / name)
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "_ops")
-    for name in ("npudet", "ops"):
-        shutil.copytree(REPO / name, dest / name, ignore=skip)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    shutil.copytree(REPO / "npudet", dest / "npudet", ignore=skip)
     return dest
 
 
@@ -48,7 +47,7 @@ def test_sdist_and_wheel_carry_the_kernel_sources(tmp_path):
     )
     sdist = src / "sdist" / built.stdout.strip().splitlines()[-1]
     with tarfile.open(sdist) as tar:
-        assert any(n.endswith("/ops/cpu/msda_cpu.cpp") for n in tar.getnames())
+        assert any(n.endswith("/" + KERNEL) for n in tar.getnames())
     # A wheel built from the sdist (as pip does for a source release) carries them too.
     _pip("wheel", str(sdist), "-w", str(tmp_path / "dist"), cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("npudet-*.whl")
@@ -72,7 +71,7 @@ def test_installed_wheel_builds_and_runs_the_cpu_kernel(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(report["npudet"]).is_relative_to(site)
-    assert Path(report["sources"]) == site / "npudet" / "_ops"
+    assert Path(report["sources"]) == site / "npudet" / "ops" / "msda" / "kernels" / "csrc"
     assert "cpu" in report["impls"]
     best = cpu_isa.runnable()[0].name
     assert report["isa"] == best

@@ -11,7 +11,7 @@ import torch
 from train_util import train_losses
 
 from npudet.ops import msda_impls, multi_scale_deformable_attn
-from npudet.ops.msda import registry
+from npudet.ops.msda import auto, registry
 from npudet.ops.msda.inputs import validate_inputs
 
 
@@ -69,15 +69,15 @@ def test_declarations():
 def test_auto_skips_nondeterministic(deterministic, monkeypatch):
     value, shapes, starts, loc, attn = _inputs(queries=4)
     inputs = validate_inputs(value, shapes, starts, loc, attn)
-    monkeypatch.setitem(registry.AUTO_PRIORITY, "cpu", ["triton", "gather"])
-    assert registry.select_impl("auto", inputs).NAME == "gather"
+    monkeypatch.setitem(auto.AUTO_PRIORITY, "cpu", ["triton", "gather"])
+    assert auto.select_impl("auto", inputs).NAME == "gather"
     # Only the nondeterministic one left: the error says why it was passed over.
-    monkeypatch.setitem(registry.AUTO_PRIORITY, "cpu", ["triton"])
+    monkeypatch.setitem(auto.AUTO_PRIORITY, "cpu", ["triton"])
     with pytest.raises(ValueError, match="triton: .*backward not deterministic on cpu"):
-        registry.select_impl("auto", inputs)
+        auto.select_impl("auto", inputs)
     # No gradient wanted: nothing to be nondeterministic about.
     with torch.no_grad():
-        assert registry.select_impl("triton", inputs).NAME == "triton"
+        assert auto.select_impl("triton", inputs).NAME == "triton"
 
 
 def test_named_nondeterministic_impl_is_refused(deterministic):
@@ -92,7 +92,7 @@ def test_named_nondeterministic_impl_warns_under_warn_only():
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         with pytest.warns(UserWarning, match="backward not deterministic"):
-            assert registry.select_impl("cpu_atomic", inputs).NAME == "cpu_atomic"
+            assert auto.select_impl("cpu_atomic", inputs).NAME == "cpu_atomic"
     finally:
         torch.use_deterministic_algorithms(False)
 

@@ -16,16 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from msda_util import load_tool
 
 from npudet.gpu_kit import child, ddetr, report
 from npudet.gpu_kit import run as kit_run
-from npudet.ops.msda import get_impl, mmcv_cuda_lib, mmcv_impl, msda_impls
-from npudet.ops.msda.cases import CASES, LARGE_CASES, make_inputs
+from npudet.ops.msda import get_impl, msda_impls
+from npudet.ops.msda.backends import mmcv as mmcv_impl
+from npudet.ops.msda.backends import mmcv_cuda_lib
+from npudet.ops.msda.bench.cases import CASES, LARGE_CASES, make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import gpu_kit  # noqa: E402
+gpu_kit = load_tool("gpu_kit")
 
 
 def _env() -> dict:

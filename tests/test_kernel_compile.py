@@ -20,8 +20,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from npudet.ops.msda import kernel_compile  # noqa: E402
-from npudet.ops.msda.triton_launch import (  # noqa: E402
+from npudet.ops.msda.bench.cases import launch_shapes  # noqa: E402
+from npudet.ops.msda.checks import kernel_compile  # noqa: E402
+from npudet.ops.msda.kernels.triton_launch import (  # noqa: E402
     MAX_GRID_X,
     MAX_GRID_YZ,
     SCHEDULE_ENV,
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("target", sorted(kernel_compile.CUDA_TARGETS))
 def test_every_planned_cuda_launch_compiles_within_limits(target):
-    rows = kernel_compile.check_cuda([target])
+    rows = kernel_compile.check_cuda(kernel_compile.check_shapes(launch_shapes()), [target])
     kernels = {r["kernel"] for r in rows}
     assert kernels == {"msda_fwd_kernel", "msda_bwd_kernel"}
     assert {r["dtype"] for r in rows} == set(kernel_compile.CUDA_DTYPES)

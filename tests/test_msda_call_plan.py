@@ -17,7 +17,8 @@ from plugin_util import SMALL_DETR, run_tool
 
 import npudet.ops.msda.api as api
 from npudet.ops import multi_scale_deformable_attn, prepare
-from npudet.ops.msda import call_plan, get_impl, registry, verification
+from npudet.ops.msda import auto, call_plan, get_impl, registry
+from npudet.ops.msda.checks import parity
 from npudet.ops.msda.observe import MSDAObserver, observing
 
 
@@ -86,7 +87,7 @@ def test_plans_are_dropped_when_their_grounds_change():
     inputs = random_inputs()
     multi_scale_deformable_attn(*inputs)
     assert call_plan.count() == 1
-    verification.reset()
+    auto.reset()
     assert call_plan.count() == 0
     multi_scale_deformable_attn(*inputs)
     registry.register(get_impl("gather"))  # re-registering may change what auto takes
@@ -126,23 +127,23 @@ def test_observers_see_calls_that_have_plans():
 
 
 def test_prepare_verifies_ahead_so_the_first_call_checks_nothing(monkeypatch):
-    verification.reset()
-    monkeypatch.setattr(verification, "_verdicts", {})
+    auto.reset()
+    monkeypatch.setattr(auto, "_verdicts", {})
     assert prepare("cpu", (torch.float32, torch.float64)) == {
         torch.float32: "cpu",
         torch.float64: "cpu",
     }
-    assert verification._verdicts == {
+    assert auto._verdicts == {
         ("cpu", "cpu", "float32"): "",
         ("cpu", "cpu", "float64"): "",
     }
-    monkeypatch.setattr(verification, "check_impl", _refuse)
+    monkeypatch.setattr(parity, "check_impl", _refuse)
     multi_scale_deformable_attn(*random_inputs())
 
 
 def test_auto_logs_dtype_build_and_failed_verification(monkeypatch, caplog):
-    monkeypatch.setattr(registry, "_announced", set())
-    monkeypatch.setattr(verification, "_verdicts", {("cpu", "cpu", "float32"): "output: wrong"})
+    monkeypatch.setattr(auto, "_announced", set())
+    monkeypatch.setattr(auto, "_verdicts", {("cpu", "cpu", "float32"): "output: wrong"})
     with caplog.at_level(logging.INFO, logger="npudet"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         multi_scale_deformable_attn(*random_inputs())
@@ -152,11 +153,11 @@ def test_auto_logs_dtype_build_and_failed_verification(monkeypatch, caplog):
         "npudet MSDA auto on cpu float32: not using 'cpu': failed verification: output: wrong"
     )
     caplog.clear()
-    monkeypatch.setattr(verification, "_verdicts", {})
+    monkeypatch.setattr(auto, "_verdicts", {})
     call_plan.clear()  # the plan was decided on the patched verdict
     with caplog.at_level(logging.INFO, logger="npudet"):
         multi_scale_deformable_attn(*random_inputs())
-    from npudet.ops.msda.cpu_impl import isa
+    from npudet.ops.msda.backends.cpu import isa
 
     assert f"using 'cpu' ({isa()} build)" in caplog.records[0].getMessage()
 

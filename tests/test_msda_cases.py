@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from msda_util import load_tool
 
-from npudet.ops.msda.cases import CASES, LARGE_CASES, make_inputs, parse_case
+from npudet.ops.msda.bench.cases import CASES, LARGE_CASES, make_inputs, parse_case
+from npudet.ops.msda.bench.harness import DEFAULT_CASES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import benchmark_msda  # noqa: E402
-import check_device  # noqa: E402
+check_device = load_tool("check_device")
 
 
 @pytest.mark.parametrize("name", sorted(LARGE_CASES))
@@ -26,7 +23,7 @@ def test_large_case_is_named_and_consistent(name: str) -> None:
 
 
 def test_large_cases_stay_out_of_default_runs() -> None:
-    defaults = [parse_case(s)[0].name for s in benchmark_msda.DEFAULT_CASES]
+    defaults = [parse_case(s)[0].name for s in DEFAULT_CASES]
     defaults += [parse_case(s)[0].name for s in check_device.FULL_CASES + check_device.FAST_CASES]
     assert not set(defaults) & set(LARGE_CASES)
     assert not set(CASES) & set(LARGE_CASES)

@@ -8,8 +8,8 @@ from msda_util import DEVICE, EXERCISED, candidate_impls, random_inputs, run, to
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from npudet.ops import multi_scale_deformable_attn
-from npudet.ops.msda import cpu_impl
-from npudet.ops.msda.cpu_options import CPUKernelOptions
+from npudet.ops.msda.backends import cpu as cpu_impl
+from npudet.ops.msda.backends.cpu_options import CPUKernelOptions
 
 
 def _layer(impl):

@@ -24,18 +24,19 @@ from npudet.ops import multi_scale_deformable_attn
 from npudet.ops.msda import (
     MSDAImpl,
     MSDAInputs,
+    auto,
     auto_order,
     get_impl,
-    mmcv_impl,
     msda_impls,
     msda_variants,
     registry,
     select_impl,
     validate_inputs,
-    verification,
 )
-from npudet.ops.msda.gather_impl import msda_gather
-from npudet.ops.msda.verification import Record
+from npudet.ops.msda.backends import mmcv as mmcv_impl
+from npudet.ops.msda.backends.gather import msda_gather
+from npudet.ops.msda.checks import parity, records
+from npudet.ops.msda.checks.records import Record
 
 aten = torch.ops.aten
 VARIANTS = ["cpu_atomic", "cpu_corner", "cpu_headmajor", "cpu_noprefetch", "cpu_owner"]
@@ -49,18 +50,18 @@ def cuda_call(dtype=torch.float32, batch=2) -> MSDAInputs:
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
     """Empty verdicts, orders and records (a temporary file) for this test only."""
-    monkeypatch.setenv(verification.VERIFY_FILE_ENV, str(tmp_path / "verified.json"))
+    monkeypatch.setenv(records.VERIFY_FILE_ENV, str(tmp_path / "verified.json"))
     for name in ("_verdicts", "_loaded", "_orders"):
-        monkeypatch.setattr(verification, name, {})
+        monkeypatch.setattr(auto, name, {})
     return tmp_path / "verified.json"
 
 
 @pytest.fixture
 def gpu_named(monkeypatch):
     """This process "has" a CUDA device called "Test GPU" for record look-ups only."""
-    real = verification.current_device_name
+    real = records.current_device_name
     monkeypatch.setattr(
-        verification,
+        auto,
         "current_device_name",
         lambda device_type: "Test GPU" if device_type == "cuda" else real(device_type),
     )
@@ -143,8 +144,8 @@ def test_cuda_order_without_records_puts_mmcv_first(fresh, gpu_named, gpu_kernel
     assert auto_order("cuda", torch.float32) == ["mmcv", "triton", "gather", "grid_sample"]
 
 
-def _save(*records: Record) -> None:
-    verification.save_records("cuda", "Test GPU", records)
+def _save(*saved: Record) -> None:
+    records.save_records("cuda", "Test GPU", saved)
 
 
 @pytest.mark.parametrize(
@@ -166,10 +167,10 @@ def test_cuda_order_follows_recorded_times(
 
 
 def test_records_of_another_gpu_or_torch_do_not_count(fresh, gpu_named, gpu_kernels):
-    verification.save_records("cuda", "Other GPU", [Record("triton", "float32", True, "", 1.0)])
+    records.save_records("cuda", "Other GPU", [Record("triton", "float32", True, "", 1.0)])
     assert auto_order("cuda", torch.float32)[0] == "mmcv"
-    assert verification.recorded("cuda", "Other GPU", "triton", torch.float32).correct
-    assert verification.recorded("cuda", "Test GPU", "triton", "float32") is None
+    assert records.recorded("cuda", "Other GPU", "triton", torch.float32).correct
+    assert records.recorded("cuda", "Test GPU", "triton", "float32") is None
 
 
 def test_recorded_failure_is_skipped_with_one_warning(fresh, gpu_named, gpu_kernels):
@@ -188,19 +189,19 @@ def test_recorded_verification_replaces_the_check_on_this_cpu(fresh, monkeypatch
     """What ``tools/check_device.py --device cpu --save`` leaves behind, as ``auto`` reads it."""
     from npudet.utils import device_name
 
-    real = verification.check_impl
+    real = parity.check_impl
 
     def check(impl, *args):
         assert impl != "cpu", "a recorded verification must replace the check"
         return real(impl, *args)
 
-    monkeypatch.setattr(verification, "check_impl", check)
-    verification.save_records(
+    monkeypatch.setattr(parity, "check_impl", check)
+    records.save_records(
         "cpu", device_name("cpu"), [Record("cpu", "float32", False, "grad value: off")]
     )
     with pytest.warns(RuntimeWarning, match="skipping 'cpu' on cpu float32: recorded"):
         assert select_impl("auto", validate_inputs(*random_inputs())).NAME == "gather"
-    verification.save_records("cpu", device_name("cpu"), [Record("cpu", "float32", True)])
+    records.save_records("cpu", device_name("cpu"), [Record("cpu", "float32", True)])
     assert select_impl("auto", validate_inputs(*random_inputs())).NAME == "cpu"
 
 
@@ -208,10 +209,10 @@ def test_record_file_round_trip(fresh):
     _save(Record("triton", "float32", True, "", 3.1, "ddetr-enc"))
     _save(Record("triton", "float16", False, "grad value: non-finite values"))
     _save(Record("triton", "float32", True, "", 2.9, "ddetr-enc"))  # replaces the first
-    data = verification.load_records()
-    key = verification.device_key("cuda", "Test GPU")
+    data = records.load_records()
+    key = records.device_key("cuda", "Test GPU")
     assert key == "cuda|Test GPU"
-    stamp = verification.fingerprint("triton", "cuda")  # versions, sources: in each record
+    stamp = records.fingerprint("triton", "cuda")  # versions, sources: in each record
     assert stamp["torch"] == torch.__version__
     assert data["devices"][key]["records"]["triton"] == {
         "float32": {
@@ -229,7 +230,7 @@ def test_record_file_round_trip(fresh):
             "key": stamp,
         },
     }
-    assert verification.recorded("cuda", "Test GPU", "triton", torch.float16) == Record(
+    assert records.recorded("cuda", "Test GPU", "triton", torch.float16) == Record(
         "triton", "float16", False, "grad value: non-finite values", key=stamp
     )
 
@@ -237,7 +238,7 @@ def test_record_file_round_trip(fresh):
 def test_record_file_of_another_format_is_refused(fresh):
     fresh.write_text('{"version": 0}')
     with pytest.raises(ValueError, match="verification file of version 2"):
-        verification.load_records()
+        records.load_records()
 
 
 def test_unreadable_record_file_leaves_auto_to_its_checks(fresh, gpu_named, gpu_kernels):
@@ -285,7 +286,7 @@ class RaisingForTest(WrongForTest):
 )
 def test_wrong_candidate_is_skipped_with_one_warning(fresh, monkeypatch, stand_in, error):
     monkeypatch.setitem(registry._REGISTRY, stand_in.NAME, stand_in)
-    monkeypatch.setitem(registry.AUTO_PRIORITY, "cpu", [stand_in.NAME, "gather", "grid_sample"])
+    monkeypatch.setitem(auto.AUTO_PRIORITY, "cpu", [stand_in.NAME, "gather", "grid_sample"])
     inputs = random_inputs()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -306,51 +307,51 @@ def test_wrong_candidate_is_skipped_with_one_warning(fresh, monkeypatch, stand_i
     + [(i, d) for i in ("cpu", "gather", "grid_sample") for d in (torch.float32, torch.float64)],
 )
 def test_cpu_implementations_pass_the_check(impl, dtype):
-    assert verification.check_impl(impl, "cpu", dtype) == ""
+    assert parity.check_impl(impl, "cpu", dtype) == ""
 
 
 def test_check_on_cpu_costs_under_50ms(fresh):
     """What ``auto`` adds to a CPU process: one check of ``cpu`` for the dtype in use."""
     import time
 
-    verification.check_impl("cpu", "cpu", torch.float32)  # loads the kernel: not the check's
+    parity.check_impl("cpu", "cpu", torch.float32)  # loads the kernel: not the check's
     times = []
     for _ in range(5):
         start = time.perf_counter()
-        assert verification.check_impl("cpu", "cpu", torch.float32) == ""
+        assert parity.check_impl("cpu", "cpu", torch.float32) == ""
         times.append((time.perf_counter() - start) * 1e3)
     assert sorted(times)[len(times) // 2] < 50, times
 
 
 def test_check_leaves_rng_and_threads_alone():
     state, threads = torch.get_rng_state(), torch.get_num_threads()
-    verification.check_impl("gather", "cpu", torch.float32)
+    parity.check_impl("gather", "cpu", torch.float32)
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.get_num_threads() == threads
 
 
 def test_check_runs_under_inference_mode_and_no_grad():
     with torch.inference_mode():
-        assert verification.check_impl("gather", "cpu", torch.float32) == ""
+        assert parity.check_impl("gather", "cpu", torch.float32) == ""
     with torch.no_grad():
-        assert verification.check_impl("gather", "cpu", torch.float32) == ""
+        assert parity.check_impl("gather", "cpu", torch.float32) == ""
 
 
 def test_not_checked_reference_meta_and_absent_devices(fresh, monkeypatch):
     def refuse(*args):
         raise AssertionError(f"checked {args}")
 
-    monkeypatch.setattr(verification, "check_impl", refuse)
-    assert verification.verdict("grid_sample", "cpu", torch.float32) == ""
-    assert verification.verdict("gather", "meta", torch.float32) == ""
+    monkeypatch.setattr(parity, "check_impl", refuse)
+    assert auto.verdict("grid_sample", "cpu", torch.float32) == ""
+    assert auto.verdict("gather", "meta", torch.float32) == ""
     if not torch.cuda.is_available():
-        assert verification.verdict("triton", "cuda", torch.float32) == ""
+        assert auto.verdict("triton", "cuda", torch.float32) == ""
 
 
 def test_auto_on_cpu_checks_its_choice_once_per_dtype(fresh, monkeypatch):
     calls = []
-    real = verification.check_impl
-    monkeypatch.setattr(verification, "check_impl", lambda *args: calls.append(args) or real(*args))
+    real = parity.check_impl
+    monkeypatch.setattr(parity, "check_impl", lambda *args: calls.append(args) or real(*args))
     for _ in range(3):
         multi_scale_deformable_attn(*random_inputs())
     multi_scale_deformable_attn(*random_inputs(dtype=torch.float64))
@@ -373,7 +374,7 @@ def test_compiled_auto_checks_outside_the_graph(fresh):
         backend=backend,
     )
     out = compiled(value, loc, attn)
-    assert verification._verdicts == {("cpu", "cpu", "float32"): ""}
+    assert auto._verdicts == {("cpu", "cpu", "float32"): ""}
     torch.testing.assert_close(
         out, 2 * multi_scale_deformable_attn(value, spatial, starts, loc, attn)
     )

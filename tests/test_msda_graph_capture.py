@@ -17,7 +17,8 @@ from msda_util import DEVICE, random_inputs
 from test_msda_dispatch import HostReads
 
 from npudet.ops import multi_scale_deformable_attn, prepare
-from npudet.ops.msda import verification
+from npudet.ops.msda import auto
+from npudet.ops.msda.checks import parity
 
 
 def _no_check(*args, **kwargs):
@@ -25,9 +26,9 @@ def _no_check(*args, **kwargs):
 
 
 def test_prepared_warm_calls_read_nothing_back_and_check_nothing(monkeypatch):
-    verification.reset()
+    auto.reset()
     assert prepare("cpu") == {torch.float32: "cpu"}
-    monkeypatch.setattr(verification, "check_impl", _no_check)
+    monkeypatch.setattr(parity, "check_impl", _no_check)
     cpu = random_inputs()
     value, shapes, starts, loc, attn = (t.to("meta") for t in cpu)
     leaves = [t.requires_grad_() for t in (value, loc, attn)]

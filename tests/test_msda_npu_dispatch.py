@@ -23,7 +23,7 @@ from npudet.ops.msda import (
     select_impl,
     validate_inputs,
 )
-from npudet.ops.msda.npu_impl import ROUTES, VendorRoute, vendor_route
+from npudet.ops.msda.backends.npu import ROUTES, VendorRoute, vendor_route
 from npudet.utils.packages import assume_packages
 
 TORCH_NPU = {"torch_npu": "2.6.0"}

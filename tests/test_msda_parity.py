@@ -8,7 +8,6 @@ from msda_util import (
     DEVICE,
     REFERENCE,
     candidate_impls,
-    level_layout,
     msda,
     random_inputs,
     reference,
@@ -18,6 +17,7 @@ from msda_util import (
 
 from npudet.ops import msda_impls
 from npudet.ops.msda import msda_variants
+from npudet.ops.msda.checks.parity import PARITY_CASES, PROBE_CASE, level_layout
 
 # Implementations taking each dtype on the test device (NPUDET_TEST_DEVICE, cpu by default);
 # the experiment variants are held to the same parity as the public implementations.
@@ -25,23 +25,10 @@ IMPLS = candidate_impls(variants=True)
 IMPLS_F64 = candidate_impls(torch.float64, variants=True)
 IMPLS_HALF = [(i, d) for d in (torch.float16, torch.bfloat16) for i in candidate_impls(d)]
 
+# The device check's cases (``checks.parity``), but the probe (``test_msda_dispatch``) and
+# NaN locations (tested below on their own terms).
 EDGE_CASES = {
-    "basic": {},
-    "one-level": dict(shapes=((5, 7),)),
-    "five-levels": dict(shapes=((8, 8), (4, 6), (3, 3), (2, 1), (1, 1))),
-    "1x1-levels": dict(shapes=((1, 1), (1, 1), (2, 3))),
-    "heads-1": dict(heads=1),
-    "heads-8": dict(heads=8, dim=4),
-    "dim-3": dict(dim=3),
-    "dim-32": dict(dim=32),
-    "dim-33": dict(dim=33),
-    "points-1": dict(points=1),
-    "points-8": dict(points=8),
-    "batch-1": dict(batch=1),
-    "batch-3": dict(batch=3),
-    "one-query": dict(queries=1),
-    "all-outside": dict(low=1.01, high=3.0),
-    "far-outside": dict(low=-50.0, high=50.0),
+    name: case for name, case in PARITY_CASES.items() if name != PROBE_CASE and not case.get("nan")
 }
 
 

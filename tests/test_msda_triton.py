@@ -14,14 +14,15 @@ import types
 
 import pytest
 import torch
-from msda_util import REFERENCE, candidate_impls, level_layout, random_inputs
+from msda_util import REFERENCE, candidate_impls, random_inputs
 from test_msda_parity import EDGE_CASES
 
 from npudet.ops import msda_impls, multi_scale_deformable_attn
 from npudet.ops.msda import MSDAInputs, auto_order, get_impl, select_impl, validate_inputs
+from npudet.ops.msda.checks.parity import level_layout
 
 pytest.importorskip("triton")
-from npudet.ops.msda import triton_impl  # noqa: E402
+from npudet.ops.msda.backends import triton as triton_impl  # noqa: E402
 
 # Compiled kernels where there is a GPU, the interpreter on CPU tensors elsewhere.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -271,7 +272,7 @@ def test_every_lane_address_stays_inside_its_tensor(monkeypatch):
 
 
 def test_ops_launch_exactly_the_plan_bound_once_per_signature(monkeypatch):
-    from npudet.ops.msda.triton_launch import MSDAShape, plan_launches
+    from npudet.ops.msda.kernels.triton_launch import MSDAShape, plan_launches
 
     built = []
     build = triton_impl.build_launchers

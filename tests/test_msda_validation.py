@@ -78,7 +78,7 @@ class _Limited(MSDAImpl):
 def test_auto_error_lists_every_candidate(monkeypatch):
     limited = _Limited()
     monkeypatch.setitem(_REGISTRY, limited.NAME, limited)
-    monkeypatch.setattr("npudet.ops.msda.registry.AUTO_PRIORITY", {"cpu": [limited.NAME]})
+    monkeypatch.setattr("npudet.ops.msda.auto.AUTO_PRIORITY", {"cpu": [limited.NAME]})
     info = validate_inputs(*random_inputs(dim=33))
     with pytest.raises(ValueError, match=r"test_limited: head_dim 33 > 32"):
         select_impl("auto", info)

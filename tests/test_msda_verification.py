@@ -14,8 +14,9 @@ from typing import Iterator, List
 import pytest
 import torch
 
-from npudet.ops.msda import msda_impls, verification
-from npudet.ops.msda.verification import Record
+from npudet.ops.msda import auto, get_impl, msda_impls, registered_impls
+from npudet.ops.msda.checks import parity, records
+from npudet.ops.msda.checks.records import Record
 from npudet.utils.device import device_name
 
 
@@ -33,17 +34,17 @@ class _Lines(logging.Handler):
 @pytest.fixture
 def fresh(monkeypatch, tmp_path) -> Iterator[_Lines]:
     """Empty per-process state and record file; the verification logger's lines."""
-    monkeypatch.setenv(verification.VERIFY_FILE_ENV, str(tmp_path / "verified.json"))
+    monkeypatch.setenv(records.VERIFY_FILE_ENV, str(tmp_path / "verified.json"))
     for name in ("_verdicts", "_loaded", "_orders"):
-        monkeypatch.setattr(verification, name, {})
-    monkeypatch.setattr(verification, "_stale_logged", set())
+        monkeypatch.setattr(auto, name, {})
+    monkeypatch.setattr(auto, "_stale_logged", set())
     lines = _Lines()
-    verification.logger.addHandler(lines)
-    caches = (verification.fingerprint, verification.source_digest)  # tests may replace them
+    auto.logger.addHandler(lines)
+    caches = (records.fingerprint, records.source_digest)  # tests may replace them
     for cache in caches:
         cache.cache_clear()
     yield lines
-    verification.logger.removeHandler(lines)
+    auto.logger.removeHandler(lines)
     for cache in caches:
         cache.cache_clear()
 
@@ -52,58 +53,58 @@ def fresh(monkeypatch, tmp_path) -> Iterator[_Lines]:
 def checks(monkeypatch) -> List[str]:
     """The implementations ``check_impl`` runs for, in order (each check still runs)."""
     ran: List[str] = []
-    real = verification.check_impl
+    real = parity.check_impl
 
     def check(impl, *args):
         ran.append(impl)
         return real(impl, *args)
 
-    monkeypatch.setattr(verification, "check_impl", check)
+    monkeypatch.setattr(parity, "check_impl", check)
     return ran
 
 
 def _new_process() -> None:
     """What a later process starts with: no verdicts, records unread, fingerprints unknown."""
-    verification.reset()
-    verification.fingerprint.cache_clear()
-    verification.source_digest.cache_clear()
+    auto.reset()
+    records.fingerprint.cache_clear()
+    records.source_digest.cache_clear()
 
 
 def test_key_holds_sources_isa_versions_and_driver(fresh):
-    key = verification.fingerprint("gather", "cpu")
-    assert list(key) == ["sources", "isa", *verification.KEY_PACKAGES, "driver"]
+    key = records.fingerprint("gather", "cpu")
+    assert list(key) == ["sources", "isa", *records.KEY_PACKAGES, "driver"]
     assert key["torch"] == torch.__version__ and key["isa"] is None
     assert key["driver"] is None  # the CPU has none
     assert (
         len(key["sources"]) == 16
-        and key["sources"] != verification.fingerprint("triton", "cpu")["sources"]
+        and key["sources"] != records.fingerprint("triton", "cpu")["sources"]
     )
-    assert verification.fingerprint("gather", "cpu") is key  # once per process
+    assert records.fingerprint("gather", "cpu") is key  # once per process
 
 
 @pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
 def test_cpu_key_names_the_isa_variant_and_the_cpp_source(fresh):
-    from npudet.ops.msda import cpu_impl
+    from npudet.ops.msda.backends import cpu as cpu_impl
 
-    assert verification.fingerprint("cpu_atomic", "cpu")["isa"] == cpu_impl.isa()
-    sources = verification.implementation_sources("cpu_atomic")
-    assert "ops:cpu/" in sources and sources[0].endswith("cpu_impl.py")
-    names = [name for name, _ in verification._source_files("ops:cpu/")]
+    assert records.fingerprint("cpu_atomic", "cpu")["isa"] == cpu_impl.isa()
+    sources = records.implementation_sources("cpu_atomic")
+    assert "kernels/csrc/cpu/" in sources and sources[0].endswith("backends/cpu.py")
+    names = [name for name, _ in records._source_files("kernels/csrc/cpu/")]
     assert "msda_cpu.cpp" in names  # the folder's files, each hashed
 
 
 def test_every_listed_kernel_source_exists():
     """A renamed or moved kernel file must not drop out of the key unnoticed."""
-    for files in verification.KERNEL_SOURCES.values():
-        for name in files:
+    for impl in registered_impls():
+        for name in records.implementation_sources(impl):
             if not name.startswith("env:"):  # a library built on the machine, if any
-                assert verification._source_path(name) is not None, name
+                assert records._source_path(name) is not None, name
 
 
 def test_a_library_named_by_the_environment_is_part_of_the_key(monkeypatch, tmp_path):
     """mmcv's cuda_lib route runs the library $NPUDET_MMCV_CUDA_LIB names: a rebuild is stale."""
-    assert "env:NPUDET_MMCV_CUDA_LIB" in verification.implementation_sources("mmcv")
-    digest = verification.source_digest.__wrapped__
+    assert "env:NPUDET_MMCV_CUDA_LIB" in records.implementation_sources("mmcv")
+    digest = records.source_digest.__wrapped__
     entry = ("env:NPUDET_MMCV_CUDA_LIB",)
     monkeypatch.delenv("NPUDET_MMCV_CUDA_LIB", raising=False)
     unset = digest(entry)
@@ -116,7 +117,7 @@ def test_a_library_named_by_the_environment_is_part_of_the_key(monkeypatch, tmp_
 
 
 def test_source_digest_follows_file_contents(tmp_path):
-    digest = verification.source_digest.__wrapped__  # uncached: the files change here
+    digest = records.source_digest.__wrapped__  # uncached: the files change here
     source = tmp_path / "kernel.cpp"
     source.write_text("int f() { return 1; }\n")
     first = digest((str(source),))
@@ -134,39 +135,39 @@ def test_changed_source_reverifies_with_one_log_line(fresh, checks, monkeypatch,
     """An edit of a kernel file makes the record stale: one line, then the check runs."""
     kernel = tmp_path / "gather_kernel.py"
     kernel.write_text("# version 1\n")
-    monkeypatch.setitem(verification.KERNEL_SOURCES, "gather", (str(kernel),))
-    verification.save_records("cpu", device_name("cpu"), [Record("gather", "float32", True)])
+    monkeypatch.setattr(type(get_impl("gather")), "SOURCES", (str(kernel),))
+    records.save_records("cpu", device_name("cpu"), [Record("gather", "float32", True)])
     _new_process()
-    assert verification.verdict("gather", "cpu", torch.float32) == ""
+    assert auto.verdict("gather", "cpu", torch.float32) == ""
     assert checks == [] and fresh.lines == []  # current record: trusted, not checked
 
     kernel.write_text("# version 2\n")
     _new_process()
-    assert verification.verdict("gather", "cpu", torch.float32) == ""
+    assert auto.verdict("gather", "cpu", torch.float32) == ""
     assert checks == ["gather"]
     (line,) = fresh.lines
     assert "'gather' float32 on cpu" in line and "stale (kernel sources" in line
-    assert verification.measured_order(["gather", "grid_sample"], "cpu", torch.float32)
+    assert auto.measured_order(["gather", "grid_sample"], "cpu", torch.float32)
     assert len(fresh.lines) == 1  # the same stale record is not reported twice
 
 
 def test_recorded_failure_stops_counting_after_an_upgrade(fresh, checks, monkeypatch):
     """A version change re-verifies: a recorded failure no longer skips the implementation."""
     name = device_name("cpu")
-    verification.save_records("cpu", name, [Record("gather", "float32", False, "grad: off")])
+    records.save_records("cpu", name, [Record("gather", "float32", False, "grad: off")])
     _new_process()
     with pytest.warns(RuntimeWarning, match="skipping 'gather' on cpu float32: recorded"):
-        assert verification.verdict("gather", "cpu", torch.float32)
+        assert auto.verdict("gather", "cpu", torch.float32)
     assert checks == []
 
-    real = verification._distribution_version
+    real = records._distribution_version
     monkeypatch.setattr(
-        verification,
+        records,
         "_distribution_version",
         lambda package: "9.9.9" if package == "torch" else real(package),
     )
     _new_process()
-    assert verification.verdict("gather", "cpu", torch.float32) == ""
+    assert auto.verdict("gather", "cpu", torch.float32) == ""
     assert checks == ["gather"]
     assert f"torch {torch.__version__} -> 9.9.9" in fresh.lines[0]
 
@@ -174,14 +175,14 @@ def test_recorded_failure_stops_counting_after_an_upgrade(fresh, checks, monkeyp
 def test_recorded_order_is_dropped_when_stale(fresh, monkeypatch):
     """``auto``'s measured order uses only current records: stale times do not reorder."""
     name = device_name("cpu")
-    records = [Record("gather", "float32", True, "", 1.0), Record("cpu", "float32", True, "", 9.0)]
-    monkeypatch.setattr(verification, "fingerprint", lambda impl, device: {"sources": "a"})
-    verification.save_records("cpu", name, records)
-    verification.reset()
-    assert verification.measured_order(["cpu", "gather"], "cpu", torch.float32) == ["gather", "cpu"]
-    monkeypatch.setattr(verification, "fingerprint", lambda impl, device: {"sources": "b"})
-    verification.reset()
-    assert verification.measured_order(["cpu", "gather"], "cpu", torch.float32) == ["cpu", "gather"]
+    saved = [Record("gather", "float32", True, "", 1.0), Record("cpu", "float32", True, "", 9.0)]
+    monkeypatch.setattr(records, "fingerprint", lambda impl, device: {"sources": "a"})
+    records.save_records("cpu", name, saved)
+    auto.reset()
+    assert auto.measured_order(["cpu", "gather"], "cpu", torch.float32) == ["gather", "cpu"]
+    monkeypatch.setattr(records, "fingerprint", lambda impl, device: {"sources": "b"})
+    auto.reset()
+    assert auto.measured_order(["cpu", "gather"], "cpu", torch.float32) == ["cpu", "gather"]
     assert sorted(line.split("'")[1] for line in fresh.lines) == ["cpu", "gather"]
 
 
@@ -192,19 +193,19 @@ def test_driver_versions_are_read_from_the_driver_files(monkeypatch, tmp_path):
         "GCC version:  gcc version 12.3.0\n"
     )
     ascend.write_text("Version=24.1.rc2\nascendhal_version=7.35.19\n")
-    monkeypatch.setattr(verification, "_DRIVER_FILES", {"cuda": str(nvidia), "npu": str(ascend)})
-    assert verification.driver_version("cuda") == "580.159.04"
-    assert verification.driver_version("npu") == "24.1.rc2"
-    assert verification.driver_version("cpu") is None
+    monkeypatch.setattr(records, "_DRIVER_FILES", {"cuda": str(nvidia), "npu": str(ascend)})
+    assert records.driver_version("cuda") == "580.159.04"
+    assert records.driver_version("npu") == "24.1.rc2"
+    assert records.driver_version("cpu") is None
     nvidia.unlink()
-    assert verification.driver_version("cuda") is None
+    assert records.driver_version("cuda") is None
 
 
 def test_save_replaces_a_file_of_the_older_format(fresh, tmp_path):
     path = tmp_path / "verified.json"
     path.write_text(json.dumps({"version": 1, "devices": {"cpu|x|torch 1": {"records": {}}}}))
     with pytest.warns(RuntimeWarning, match="ignoring .*verification file of version 2"):
-        assert verification.verdict("gather", "cpu", torch.float32) == ""
-    verification.save_records("cpu", "x", [Record("gather", "float32", True)])
+        assert auto.verdict("gather", "cpu", torch.float32) == ""
+    records.save_records("cpu", "x", [Record("gather", "float32", True)])
     data = json.loads(path.read_text())
-    assert data["version"] == verification.FORMAT_VERSION and list(data["devices"]) == ["cpu|x"]
+    assert data["version"] == records.FORMAT_VERSION and list(data["devices"]) == ["cpu|x"]

@@ -24,14 +24,10 @@ import torch
 from msda_util import DEVICE, msda, random_inputs, reference, run
 from test_msda_parity import EDGE_CASES
 
-from npudet.ops.msda import (
-    ascend_lowering,
-    kernel_compile,
-    triton_ascend_launch,
-    triton_impl,
-    triton_launch,
-)
-from npudet.ops.msda.cases import CASES
+from npudet.ops.msda.backends import triton as triton_impl
+from npudet.ops.msda.bench.cases import CASES, launch_shapes
+from npudet.ops.msda.checks import ascend_lowering, kernel_compile
+from npudet.ops.msda.kernels import triton_ascend_launch, triton_launch
 
 pytest.importorskip("triton")
 
@@ -287,7 +283,7 @@ def lower(jobs):
 def job(tag, launch, **extra):
     return dict(
         tag=tag,
-        module_path=os.path.join(ROOT, "npudet", "ops", "msda", f"{launch.module}.py"),
+        module_path=kernel_compile.module_path(launch.module),
         kernel=launch.kernel,
         signature=launch.signature,
         constexprs=launch.constexprs,
@@ -323,7 +319,7 @@ def compiled():
     bishengir-compile through HIVM, each distinct launch once (about a minute on 2 cores)."""
     planned = {
         f"{case}/{dtype}/{kind}": launch
-        for case, shape in kernel_compile.check_shapes().items()
+        for case, shape in kernel_compile.check_shapes(launch_shapes()).items()
         for dtype in ASCEND_DTYPES
         for kind, launch in triton_launch.plan_launches("ascend", dtype, shape).items()
     }

@@ -6,12 +6,15 @@
 
 Reports the environment (packages, device, CPU), the parity of every implementation
 available on the device (edge cases, forward and the three gradients, each dtype it
-declares; each case passed, failed or declined: a declined case is not run and never
-counted as a pass) against ``grid_sample`` on the CPU, the MSDA benchmark side by side
-(``tools/benchmark_msda.py``'s machinery), the Triton kernels' compile figures where the
-compile tool exists, and a verdict table with the recommended ``auto`` order. ``--save``
-records the verdicts and times for ``auto``, each keyed by the sources, package versions and
-driver of the process that checked it (``npudet.ops.msda.verification``).
+declares; each case passed, failed or declined: a declined case is not run and never counted
+as a pass) against ``grid_sample`` on the CPU, the MSDA benchmark side by side
+(``npudet.ops.msda.bench.harness``, as ``tools/benchmark_msda.py``), the Triton kernels'
+compile figures where the compile tool exists, and a verdict table with the recommended
+``auto`` order. ``--save`` records the verdicts and times for ``auto``, each keyed by the
+sources, package versions and driver of the process that checked it
+(``npudet.ops.msda.checks.records``). Parity is the engine's
+(``npudet.ops.msda.checks.parity``).
+
 
 On an accelerator each implementation's parity check, and the benchmark, run in a child
 process of their own (``--isolate``, the default there), so a kernel that crashes the
@@ -32,22 +35,16 @@ from typing import Dict, List, Optional
 
 import torch
 
+from npudet.ops.msda import get_impl, msda_impls, msda_variants, registered_impls
+from npudet.ops.msda.bench import harness
+from npudet.ops.msda.checks import records
+from npudet.ops.msda.checks.parity import REFERENCE, case_summary, check_parity
+from npudet.ops.msda.checks.records import dtype_name
+from npudet.utils.device import current_device_type, device_name
+from npudet.utils.environment import device_problem, environment_report, report_lines
+
 TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS.parent))
-sys.path.insert(0, str(TOOLS))
-
-import benchmark_msda  # noqa: E402
-
-from npudet.ops.msda import devcheck, get_impl, msda_impls, verification  # noqa: E402
-from npudet.ops.msda.registry import msda_variants, registered_impls  # noqa: E402
-from npudet.utils.device import current_device_type, device_name  # noqa: E402
-from npudet.utils.environment import (  # noqa: E402
-    device_problem,
-    environment_report,
-    report_lines,
-)
-
-BASELINE = benchmark_msda.BASELINE
+BASELINE = REFERENCE
 # Benchmark plans: (cases, timed rounds). The first case is the one recorded for ``auto``.
 FULL_CASES = ["ddetr-enc", "ddetr-dec", "dino-dec", "bev-sca", "bev-tsa"]
 FAST_CASES = ["ddetr-dec"]
@@ -74,13 +71,13 @@ def plan_impls(device: str, only: Optional[List[str]]) -> Dict[str, object]:
 
 
 def parity(device: str, impls: List[str]) -> List[dict]:
-    """``devcheck.check_parity`` of every dtype each implementation declares, in process."""
+    """``checks.parity.check_parity`` of every dtype each implementation declares, in process."""
     results = []
     for name in impls:
         for dtype in get_impl(name).DTYPES:
-            result = devcheck.check_parity(name, device, dtype)
+            result = check_parity(name, device, dtype)
             results.append(result.to_json())
-            summary = devcheck.case_summary(result.to_json())
+            summary = case_summary(result.to_json())
             if result.correct:
                 state = f"ok: {summary}"
             elif result.declined:
@@ -88,8 +85,7 @@ def parity(device: str, impls: List[str]) -> List[dict]:
             else:
                 state = f"FAILED ({summary}): {result.error}"
             print(
-                f"[check] {name} {devcheck.dtype_name(dtype)} on {device} "
-                f"({result.seconds:.1f} s): {state}",
+                f"[check] {name} {dtype_name(dtype)} on {device} ({result.seconds:.1f} s): {state}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -97,11 +93,11 @@ def parity(device: str, impls: List[str]) -> List[dict]:
 
 
 def benchmark(device: str, impls: List[str], cases: List[str], repeat: int) -> dict:
-    """``benchmark_msda.run_case`` for each case (float32), errors kept per case."""
+    """``bench.harness.run_case`` for each case (float32), errors kept per case."""
     rows, errors = [], {}
     for spec in cases:
         try:
-            rows.extend(benchmark_msda.run_case(spec, impls, repeat, device))
+            rows.extend(harness.run_case(spec, impls, repeat, device))
         except Exception as exc:  # one case's failure must not lose the others
             errors[spec] = f"{type(exc).__name__}: {exc}"[:500]
     return {"cases": cases, "repeat": repeat, "rows": rows, "errors": errors}
@@ -134,7 +130,7 @@ def run_parity(args: argparse.Namespace, impls: List[str]) -> List[dict]:
         part = _child(args, "parity", [name])
         if "error" in part:
             for dtype in get_impl(name).DTYPES:
-                dname = devcheck.dtype_name(dtype)
+                dname = dtype_name(dtype)
                 results.append(
                     {
                         "impl": name,
@@ -171,7 +167,7 @@ def compile_targets(device: str) -> Optional[List[str]]:
         return ["ascend"]
     if device != "cuda":
         return None  # the tool's default set
-    from npudet.ops.msda.kernel_compile import CUDA_TARGETS
+    from npudet.ops.msda.checks.kernel_compile import CUDA_TARGETS
 
     major, minor = torch.cuda.get_device_capability(0)
     own = f"cuda:{major * 10 + minor}"
@@ -221,7 +217,7 @@ def verdicts(parity_rows: List[dict], bench: dict) -> Dict[str, object]:
                 "impl": row["impl"],
                 "dtype": row["dtype"],
                 "correct": row["correct"],
-                "cases": devcheck.case_summary(row),
+                "cases": case_summary(row),
                 "error": row["error"],
                 "case": primary if ms is not None else "",
                 "fwd_bwd_ms": ms,
@@ -257,8 +253,8 @@ def verdict_lines(verdict: dict) -> List[str]:
 def save(device: str, verdict: dict) -> str:
     """Record every checked (impl, dtype) verdict, with its time, for ``auto``, keyed by
     the fingerprint of the process that checked it (this one's where none came back)."""
-    records = [
-        verification.Record(
+    rows = [
+        records.Record(
             impl=r["impl"],
             dtype=r["dtype"],
             correct=r["correct"],
@@ -269,7 +265,7 @@ def save(device: str, verdict: dict) -> str:
         )
         for r in verdict["table"]
     ]
-    return verification.save_records(device, device_name(device), records)
+    return records.save_records(device, device_name(device), rows)
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -334,7 +330,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     bench = run_benchmark(args, bench_impls)
     phases["benchmark"] = round(max(0.0, time.perf_counter() - start - sum(phases.values())), 1)
     if bench["rows"]:
-        print(benchmark_msda.markdown(bench["rows"]))
+        print(harness.markdown(bench["rows"]))
     for spec, error in bench["errors"].items():
         print(f"benchmark {spec} failed: {error}")
     if args.no_compile or args.fast:

@@ -4,12 +4,12 @@
     python tools/compile_kernels.py --targets cuda:80 --dtypes float32 --cases ddetr-enc
 
 CUDA (``cuda:80``, ``cuda:90``): triton compiles the launches the custom ops plan
-(``npudet/ops/msda/triton_launch.py``) to cubins; registers, stack (spills) and shared
+(``npudet/ops/msda/kernels/triton_launch.py``) to cubins; registers, stack (spills) and shared
 memory come from the bundled cuobjdump. Ascend (``ascend``): the same launches of the
 ``ascend`` schedule go through triton-ascend's own passes to Linalg in ``.venv-ascend``, then
 through bishengir-compile's HIVM pipeline (PyPI ``ascendnpu-ir``) up to the binary code generator
-``hivmc``, which is not shipped (``npudet/ops/msda/ascend_lowering.py`` reads a JSON list on stdin
-and answers one on stdout); without that environment Ascend is reported as not run.
+``hivmc``, which is not shipped (``npudet/ops/msda/checks/ascend_lowering.py`` reads a JSON
+list on stdin and answers one on stdout); without that environment Ascend is reported as not run.
 
     python tools/compile_kernels.py --targets ascend --ascend-compiler bishengir-compile-a5 \
         --ascend-arch Ascend950PR_9599     # the next-generation build and target
@@ -31,14 +31,14 @@ import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from npudet.ops.msda.bench.cases import launch_shapes
+from npudet.ops.msda.checks import ascend_lowering, kernel_compile
+from npudet.ops.msda.kernels.triton_launch import plan_launches
 
-from npudet.ops.msda import kernel_compile  # noqa: E402
-from npudet.ops.msda.triton_launch import plan_launches  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 ASCEND_PYTHON = ROOT / ".venv-ascend" / "bin" / "python"
-ASCEND_LOWERING = ROOT / "npudet" / "ops" / "msda" / "ascend_lowering.py"
+ASCEND_LOWERING = Path(ascend_lowering.__file__)
 ASCEND_DTYPES = ("float32", "float16", "bfloat16")  # triton-ascend has no float64
 TARGETS = (*kernel_compile.CUDA_TARGETS, "ascend")
 
@@ -58,7 +58,7 @@ def check_ascend(
     if not ASCEND_PYTHON.exists():
         return "not run: .venv-ascend is missing (tools/setup.sh makes it)", []
     if not ASCEND_LOWERING.exists():
-        return f"not run: {ASCEND_LOWERING.relative_to(ROOT)} is missing", []
+        return f"not run: {ASCEND_LOWERING} is missing", []
     try:
         plans = {
             (dtype, case): plan_launches("ascend", dtype, shape)
@@ -215,7 +215,7 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument(
         "--dtypes", type=_csv, default=list(kernel_compile.CUDA_DTYPES), help="float32,..."
     )
-    shapes = kernel_compile.check_shapes()
+    shapes = kernel_compile.check_shapes(launch_shapes())
     parser.add_argument("--cases", type=_csv, default=list(shapes), help=",".join(shapes))
     parser.add_argument("--json", type=Path, default=None, help="write the rows here")
     parser.add_argument(
@@ -236,7 +236,7 @@ def main(argv: Sequence[str] = ()) -> int:
     chosen = {c: shapes[c] for c in args.cases}
     start = time.perf_counter()
     cuda_targets = [t for t in args.targets if t != "ascend"]
-    rows = kernel_compile.check_cuda(cuda_targets, args.dtypes, chosen) if cuda_targets else []
+    rows = kernel_compile.check_cuda(chosen, cuda_targets, args.dtypes) if cuda_targets else []
     ascend_status = "not requested"
     if "ascend" in args.targets:
         ascend_dtypes = [d for d in args.dtypes if d in ASCEND_DTYPES]

@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 from pathlib import Path
 from typing import List, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from npudet.gpu_kit import child
+from npudet.gpu_kit.run import run_kit
+from npudet.ops.msda.backends import mmcv_cuda_lib
 
-from npudet.gpu_kit import child  # noqa: E402
-from npudet.gpu_kit.run import run_kit  # noqa: E402
-from npudet.ops.msda import mmcv_cuda_lib  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 BUNDLE = ROOT / ".gpu_kit"
 CARRY_LIMIT = 64 * 2**20  # bytes of working tree + carried paths a device run may take

@@ -5,7 +5,7 @@ the JSON a part writes (a benchmark part rewrites it after every case, so a part
 its time limit still leaves what it measured).
 
     build    mmcv's MSDA CUDA library from the bundle (``mmcv_cuda_lib.build``)
-    bench    ``tools/benchmark_msda.py``'s ``run_case`` for cases x implementations in one dtype
+    bench    ``npudet.ops.msda.bench.harness.run_case`` for cases x implementations in one dtype
     train    Deformable-DETR-sized training iterations with one implementation
     compile  one encoder layer, eager and under ``torch.compile``, with one implementation
 """
@@ -13,8 +13,6 @@ its time limit still leaves what it measured).
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib
 import json
 import math
 import sys
@@ -24,12 +22,12 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from npudet.ops.msda import mmcv_cuda_lib
-from npudet.ops.msda.cases import CASES, MSDACase, make_inputs, parse_case
+from npudet.ops.msda.backends import mmcv_cuda_lib
+from npudet.ops.msda.bench import harness
+from npudet.ops.msda.bench.cases import CASES, MSDACase, make_inputs, parse_case
 
 from . import ddetr
 
-TOOLS = Path(__file__).resolve().parents[2] / "tools"
 FORWARD_CALLS = 5  # forward calls profiled for the forward's device time
 
 
@@ -48,25 +46,17 @@ def write_json(path: Path, payload: dict) -> None:
     path.write_text(json.dumps(clean(payload), indent=2))
 
 
-def benchmark_tool() -> types.ModuleType:
-    """``tools/benchmark_msda.py`` of the checkout this package runs from."""
-    if not (TOOLS / "benchmark_msda.py").is_file():
-        raise FileNotFoundError(f"{TOOLS / 'benchmark_msda.py'}: the kit runs from a checkout")
-    sys.path.insert(0, str(TOOLS))
-    return importlib.import_module("benchmark_msda")
-
-
-def forward_device_ms(tool, spec: str, impl: str, dtype: torch.dtype, device: str) -> float:
+def forward_device_ms(spec: str, impl: str, dtype: torch.dtype, device: str) -> float:
     """GPU time of one forward call (profiler, ``FORWARD_CALLS`` calls, after a warm-up):
     the benchmark's ``kernel_ms`` applied to the forward alone; NaN off CUDA (``kernel_ms``
     says so after the warm-up, so a dry run goes through the same steps)."""
     case, pattern = parse_case(spec)
     inputs = make_inputs(case, pattern, dtype=dtype, device=device)
     grad = torch.zeros(())  # unused: only the forward runs
-    runner = tool.Runner(impl, inputs, grad)
+    runner = harness.Runner(impl, inputs, grad)
     runner.forward()
     forward_only = types.SimpleNamespace(grads=runner.forward)
-    return tool.kernel_ms(forward_only, device, FORWARD_CALLS)
+    return harness.kernel_ms(forward_only, device, FORWARD_CALLS)
 
 
 # The dry run's benchmark case: a few hundred samples, so that the CPU spends its seconds
@@ -83,23 +73,18 @@ def repeat_for(spec: str, repeat: int) -> int:
 def bench(args: argparse.Namespace) -> int:
     """``run_case`` per case with inputs in ``--dtype``; rows gain dtype and the forward's
     and backward's device times. Writes the JSON after every case."""
-    tool = benchmark_tool()
     CASES.setdefault(DRY_CASE.name, DRY_CASE)  # parse_case reads this dict at call time
     dtype = getattr(torch, args.dtype)
-    # run_case builds float32 inputs by calling its module's make_inputs: give it this dtype.
-    tool.make_inputs = functools.partial(make_inputs, dtype=dtype)
     rows: List[dict] = []
     errors: Dict[str, str] = {}
     for spec in args.cases.split(","):
         try:
-            case_rows = tool.run_case(
-                spec, args.impls.split(","), repeat_for(spec, args.repeat), args.device
+            case_rows = harness.run_case(
+                spec, args.impls.split(","), repeat_for(spec, args.repeat), args.device, dtype
             )
             for row in case_rows:
                 row["dtype"] = args.dtype
-                row["fwd_device_ms"] = forward_device_ms(
-                    tool, spec, row["impl"], dtype, args.device
-                )
+                row["fwd_device_ms"] = forward_device_ms(spec, row["impl"], dtype, args.device)
                 row["bwd_device_ms"] = row.get("kernel_ms", float("nan")) - row["fwd_device_ms"]
             rows.extend(case_rows)
         except Exception as exc:  # one case's failure must not lose the others

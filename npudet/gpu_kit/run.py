@@ -27,8 +27,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from npudet.ops.msda import get_impl, mmcv_cuda_lib, msda_impls
-from npudet.ops.msda.cases import CASES, LARGE_CASES
+from npudet.ops.msda import get_impl, msda_impls
+from npudet.ops.msda.backends import mmcv_cuda_lib
+from npudet.ops.msda.bench.cases import CASES, LARGE_CASES
 from npudet.utils.environment import environment_report
 
 from . import child, report

@@ -9,7 +9,7 @@ evaluation and run-state hooks: ``CocoSummaryHook``, ``EvalProgressHook``, ``RNG
 
 from .coco_summary_hook import CocoSummaryHook, coco_table
 from .eval_progress_hook import EvalProgressHook
-from .msda_parity import MSDAParityError, MSDAParityHook, ParityResult, compare_call
+from .msda_parity import CallParity, MSDAParityError, MSDAParityHook, compare_call
 from .msda_profiler import MSDAProfilerHook
 from .non_finite_loss import NonFiniteLossError, NonFiniteLossHook
 from .npu_setup import (
@@ -23,12 +23,12 @@ from .rng_state_hook import RNGStateHook
 from .torch_compile import TorchCompileHook, compile_forward, compile_with_hook
 
 __all__ = [
+    "CallParity",
     "CocoSummaryHook",
     "EvalProgressHook",
     "MSDAParityError",
     "MSDAParityHook",
     "MSDAProfilerHook",
-    "ParityResult",
     "RNGStateHook",
     "coco_table",
     "compare_call",

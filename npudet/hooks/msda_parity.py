@@ -5,7 +5,9 @@ On a check iteration the inputs of every MSDA call of the live batch are copied 
 it ran with and with the reference (default ``grid_sample``) from the same detached
 inputs, and both VJPs are taken with the same fixed random cotangent, so no training
 graph is kept. Errors, per output and per gradient (value, sampling_locations,
-attention_weights): ``abs`` = max |live - ref|, ``rel`` = abs / max |ref| (scale-free).
+attention_weights), as the parity engine measures them (``npudet.ops.msda.checks.parity``):
+``abs`` = max |live - ref|, ``rel`` = abs / max(max |ref|, 1) (relative to the reference's
+scale, absolute where the reference is below 1).
 A call whose ``rel`` exceeds ``rel_threshold`` (or ``abs`` exceeds ``abs_threshold``) is
 reported naming the layer; ``action='stop'`` raises ``MSDAParityError``. With
 ``MSDAProfilerHook`` also on, the input copies of a check iteration count as MSDA forward
@@ -14,84 +16,24 @@ time of that iteration; the recomputation is not timed (it runs after the profil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional
 
-import torch
 from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
-from npudet.ops import multi_scale_deformable_attn
-from npudet.ops.msda.observe import MSDACall, add_observer, remove_observer, suspended
+from npudet.ops.msda.checks.parity import REFERENCE, CallParity, compare_call
+from npudet.ops.msda.observe import add_observer, remove_observer
 
 from .msda_capture import MSDACapture
 
-GRAD_INPUTS = ("value", "sampling_locations", "attention_weights")
+__all__ = ["CallParity", "MSDAParityError", "MSDAParityHook", "compare_call"]
+
 ACTIONS = ("warn", "stop")
 
 
 class MSDAParityError(RuntimeError):
     """A live MSDA implementation disagreed with the reference beyond the threshold."""
-
-
-@dataclass(frozen=True)
-class ParityResult:
-    """Errors of one call: ``errors[tensor] = (abs, rel)`` for "output" and each gradient."""
-
-    iteration: int
-    layer: str
-    impl: str
-    reference: str
-    errors: Dict[str, Tuple[float, float]]
-
-    @property
-    def max_abs(self) -> float:
-        return max(a for a, _ in self.errors.values())
-
-    @property
-    def max_rel(self) -> float:
-        return max(r for _, r in self.errors.values())
-
-
-def _vjp(impl: str, call: MSDACall, cotangent: torch.Tensor) -> List[torch.Tensor]:
-    """[output (bs, q, heads*D), grad value, grad locations, grad weights] of ``impl``."""
-    inputs = {name: getattr(call, name).detach().requires_grad_() for name in GRAD_INPUTS}
-    with torch.enable_grad():
-        out = multi_scale_deformable_attn(
-            inputs["value"],
-            call.spatial_shapes,
-            call.level_start_index,
-            inputs["sampling_locations"],
-            inputs["attention_weights"],
-            impl=impl,
-        )
-        grads = torch.autograd.grad(out, list(inputs.values()), cotangent, allow_unused=True)
-    zeros = [torch.zeros_like(t) for t in inputs.values()]
-    return [out.detach(), *(z if g is None else g for g, z in zip(grads, zeros))]
-
-
-def compare_call(call: MSDACall, reference: str, seed: int = 0) -> Dict[str, Tuple[float, float]]:
-    """(abs, rel) errors of ``call.impl`` against ``reference`` on the call's inputs.
-
-    Keys: ``"output"`` and ``"grad_<input>"`` for value, sampling_locations and
-    attention_weights; the cotangent is ``randn`` of the output's shape from ``seed``.
-    """
-    bs, queries, heads, _, _, _ = call.sampling_locations.shape
-    shape = (bs, queries, heads * call.value.shape[-1])
-    gen = torch.Generator().manual_seed(seed)
-    cotangent = torch.randn(shape, generator=gen, dtype=torch.float64)
-    cotangent = cotangent.to(device=call.value.device, dtype=call.value.dtype)
-    with suspended():
-        live = _vjp(call.impl, call, cotangent)
-        ref = _vjp(reference, call, cotangent)
-    names = ["output", *(f"grad_{name}" for name in GRAD_INPUTS)]
-    errors = {}
-    for name, a, b in zip(names, live, ref):
-        abs_err = float((a.double() - b.double()).abs().max())
-        scale = float(b.double().abs().max())
-        errors[name] = (abs_err, abs_err / scale if scale > 0 else abs_err)
-    return errors
 
 
 @HOOKS.register_module()
@@ -101,7 +43,8 @@ class MSDAParityHook(Hook):
     Args:
         interval: check every this many iterations.
         reference: implementation compared against.
-        rel_threshold: largest allowed ``rel`` error (output or any gradient).
+        rel_threshold: largest allowed ``rel`` error (output or any gradient): abs error
+            over max(max |reference|, 1).
         abs_threshold: largest allowed ``abs`` error; None for no absolute limit.
         action: ``"warn"`` (log a warning) or ``"stop"`` (raise ``MSDAParityError``).
         seed: seed of the cotangent.
@@ -114,7 +57,7 @@ class MSDAParityHook(Hook):
     def __init__(
         self,
         interval: int = 500,
-        reference: str = "grid_sample",
+        reference: str = REFERENCE,
         rel_threshold: float = 1e-3,
         abs_threshold: Optional[float] = None,
         action: str = "warn",
@@ -131,9 +74,9 @@ class MSDAParityHook(Hook):
         self.action = action
         self.seed = seed
         self.capture = MSDACapture()
-        self.results: List[ParityResult] = []
+        self.results: List[CallParity] = []
 
-    def _exceeds(self, result: ParityResult) -> bool:
+    def _exceeds(self, result: CallParity) -> bool:
         if result.max_rel > self.rel_threshold:
             return True
         return self.abs_threshold is not None and result.max_abs > self.abs_threshold
@@ -159,7 +102,7 @@ class MSDAParityHook(Hook):
         calls = self.capture.calls
         self.capture.detach()
         results = [
-            ParityResult(
+            CallParity(
                 runner.iter + 1,
                 layer,
                 call.impl,
@@ -190,7 +133,7 @@ class MSDAParityHook(Hook):
                 raise MSDAParityError(f"MSDA parity failed: {message}")
             runner.logger.warning(f"MSDA parity failed: {message}")
 
-    def _describe(self, result: ParityResult) -> str:
+    def _describe(self, result: CallParity) -> str:
         worst = max(result.errors, key=lambda k: result.errors[k][1])
         abs_err, rel_err = result.errors[worst]
         limit = f"rel {self.rel_threshold:g}" + (

@@ -1,31 +1,30 @@
-"""Multi-scale deformable attention: one function, several implementations."""
+"""Multi-scale deformable attention: one function, several implementations.
 
-from . import (  # noqa: F401  (register)
-    cpu_impl,
-    gather_impl,
-    grid_sample_impl,
-    mmcv_impl,
-    npu_impl,
-    triton_impl,
-)
+Layers, highest first (a module imports only from its own layer or lower ones):
+``bench`` > ``api`` > ``auto`` > ``checks`` > ``backends`` > ``kernels``, with the core
+``registry`` > ``call_plan`` > ``inputs`` / ``observe`` below ``backends``.
+"""
+
+from . import backends  # noqa: F401  (registers the implementations)
 from .api import multi_scale_deformable_attn, prepare
+from .auto import auto_order, select_impl
 from .inputs import MSDAInputs, validate_inputs
 from .registry import (
     MSDAImpl,
-    auto_order,
+    check_impl_name,
     get_impl,
     msda_impls,
     msda_variants,
     register,
     register_variant,
     registered_impls,
-    select_impl,
 )
 
 __all__ = [
     "MSDAImpl",
     "MSDAInputs",
     "auto_order",
+    "check_impl_name",
     "get_impl",
     "msda_impls",
     "msda_variants",

@@ -7,8 +7,8 @@ from typing import Dict, Sequence, Union
 import torch
 
 from . import call_plan, observe
+from .auto import nondeterministic_reason, select_impl
 from .inputs import MSDAInputs, validate_inputs
-from .registry import nondeterministic_reason, select_impl
 
 
 def multi_scale_deformable_attn(
@@ -32,7 +32,7 @@ def multi_scale_deformable_attn(
         attention_weights: (bs, num_queries, num_heads, num_levels, num_points).
         impl: a name from ``msda_impls()`` (or an experiment variant from
             ``msda_variants()``), used as given; or ``"auto"``: the fastest that fits and
-            has been verified on this device (``registry.select_impl``). The decision
+            has been verified on this device (``auto.select_impl``). The decision
             is made once per call signature (``call_plan``).
 
     Returns:

@@ -1,5 +1,5 @@
-"""``cpu``: the fused C++/OpenMP kernel (``ops/cpu/msda_cpu.cpp``) as torch ops whose
-autograd is C++ too (``ops/cpu/msda_cpu_op.cpp``): a call is one dispatcher call.
+"""``cpu``: the fused C++/OpenMP kernel (``kernels/csrc/cpu/msda_cpu.cpp``) as torch ops whose
+autograd is C++ too (``kernels/csrc/cpu/msda_cpu_op.cpp``): a call is one dispatcher call.
 
 The kernel is built on first use for the instruction set chosen at run time from the CPU's
 features (``cpu_isa``; ``NPUDET_CPU_ISA`` forces one); ``isa()`` names the one loaded.
@@ -20,11 +20,11 @@ from typing import List, Optional
 
 import torch
 
+from ..inputs import MSDAInputs, empty_grads, empty_output
+from ..kernels.native_build import load_extension
+from ..registry import Kernel, MSDAImpl, register, register_variant
 from . import cpu_isa
 from .cpu_options import CPUKernelOptions
-from .inputs import MSDAInputs, empty_grads, empty_output
-from .native_build import load_extension
-from .registry import Kernel, MSDAImpl, register, register_variant
 
 # NPUDET_CPU_SANITIZE=1 builds the kernel with AddressSanitizer and UndefinedBehaviorSanitizer
 # (a build of its own). Python is not built with them: the process must start with the ASan
@@ -93,7 +93,7 @@ def ext():
 
 # The ops' schemas and fake kernels live here, so torch.compile traces a call before the
 # kernel is built; the CPU and Autograd kernels come from the C++ library
-# (ops/cpu/msda_cpu_op.cpp), registered when ``ext()`` loads it: a call is one dispatcher
+# (kernels/csrc/cpu/msda_cpu_op.cpp), registered when ``ext()`` loads it: a call is one dispatcher
 # call, forward and backward, with no Python between the op and the kernel.
 _LIB = torch.library.Library("npudet", "FRAGMENT")
 _LIB.define(
@@ -141,6 +141,7 @@ class CPUImpl(MSDAImpl):
     # copies are added in thread order, fixed for a fixed thread count (tested bitwise).
     DETERMINISTIC = ("cpu",)
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    SOURCES = ("kernels/csrc/cpu/", "backends/cpu_options.py", "kernels/native_build.py")
 
     def unavailable_reasons(self) -> List[str]:
         ext = _load()
@@ -160,6 +161,9 @@ class CPUImpl(MSDAImpl):
 
     def build_info(self) -> str:
         return f"{isa()} build" + (", sanitized" if _chosen.get("sanitized") else "")
+
+    def build_key(self) -> Optional[str]:
+        return isa()
 
     def bind(self, inputs: MSDAInputs) -> Kernel:
         ext()  # the op's kernels are registered when the library loads

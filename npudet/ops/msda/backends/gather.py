@@ -14,8 +14,8 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .inputs import MSDAInputs
-from .registry import Kernel, MSDAImpl, register
+from ..inputs import MSDAInputs
+from ..registry import Kernel, MSDAImpl, register
 
 
 class CornerConstants(NamedTuple):

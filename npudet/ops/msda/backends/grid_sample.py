@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .registry import MSDAImpl, register
+from ..registry import MSDAImpl, register
 
 
 def msda_grid_sample(

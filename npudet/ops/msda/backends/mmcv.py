@@ -25,9 +25,9 @@ import torch
 
 from npudet.utils.packages import importable
 
+from ..inputs import MSDAInputs
+from ..registry import MSDAImpl, register
 from . import mmcv_cuda_lib
-from .inputs import MSDAInputs
-from .registry import MSDAImpl, register
 
 IM2COL_STEP = 64  # mmcv's MultiScaleDeformableAttention default
 
@@ -108,6 +108,9 @@ class MMCVImpl(MSDAImpl):
     NAME = "mmcv"
     DEVICES = ("cuda",)
     DTYPES = (torch.float16, torch.float32, torch.float64)
+    # mmcv's own build is keyed by mmcv's version; the ``cuda_lib`` route by its sources and
+    # the library $NPUDET_MMCV_CUDA_LIB names (``mmcv_cuda_lib``).
+    SOURCES = ("backends/mmcv_cuda_lib.py", "kernels/csrc/cuda/", "env:NPUDET_MMCV_CUDA_LIB")
 
     def unavailable_reasons(self) -> List[str]:
         # Without a device nothing can run: mmcv is not even imported to say more.

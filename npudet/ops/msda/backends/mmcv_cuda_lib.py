@@ -2,7 +2,7 @@
 
 mmcv 2.1.0's kernel (``ms_deform_attn_cuda.cu`` and the headers it includes) is taken from
 mmcv's source distribution, as pip downloads it from PyPI, into an ignored folder (the
-"bundle", never committed), and compiled with nvcc together with ``ops/cuda/
+"bundle", never committed), and compiled with nvcc together with ``kernels/csrc/cuda/
 mmcv_msda_lib.cpp``, which registers it as ``torch.ops.npudet_mmcv.ms_deform_attn_forward``
 / ``..._backward`` with ``TORCH_LIBRARY``. The library links libtorch and the CUDA runtime
 only, so any Python can load it (``torch.ops.load_library``); it must be built against the
@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Union
 
 import torch
 
-from .native_build import source_root
+from ..kernels.native_build import source_root
 
 MMCV_VERSION = "2.1.0"
 SDIST_NAME = f"mmcv-{MMCV_VERSION}.tar.gz"
@@ -48,7 +48,7 @@ SOURCES = (
 LICENSE = f"mmcv-{MMCV_VERSION}/LICENSE"
 KERNEL = "pytorch/cuda/ms_deform_attn_cuda.cu"
 BUNDLE_DIR = "mmcv_msda"  # under the bundle's root (.gpu_kit)
-# npudet's own sources, under ops/ (native_build.source_root).
+# npudet's own sources, under kernels/csrc/ (native_build.source_root).
 WRAPPER = "cuda/mmcv_msda_lib.cpp"
 COMPAT_HEADER = "cuda/compat/THC/THCAtomics.cuh"
 LIB_NAME = "libnpudet_mmcv_msda.so"

@@ -35,8 +35,8 @@ import torch
 
 from npudet.utils.packages import importable, package_version
 
-from .inputs import MSDAInputs
-from .registry import MSDAImpl, register
+from ..inputs import MSDAInputs
+from ..registry import MSDAImpl, register
 
 MX_DRIVING = "mx_driving"
 MMCV = "mmcv"

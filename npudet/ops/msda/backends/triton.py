@@ -22,11 +22,12 @@ import torch
 
 from npudet.utils.packages import importable
 
-from .inputs import MSDAInputs, empty_grads, empty_output
-from .registry import Kernel, MSDAImpl, register
-from .triton_launch import KernelLaunch, MSDAShape, plan_launches, schedule_for
+from .. import kernels
+from ..inputs import MSDAInputs, empty_grads, empty_output
+from ..kernels.triton_launch import KernelLaunch, MSDAShape, plan_launches, schedule_for
+from ..registry import Kernel, MSDAImpl, register
 
-_KERNELS = f"{__package__}.triton_kernels"
+_KERNELS = f"{kernels.__name__}.triton"
 
 
 def _interpret_requested() -> bool:
@@ -82,7 +83,7 @@ class Launcher:
     __slots__ = ("launch", "_bound", "_order", "_meta")
 
     def __init__(self, launch: KernelLaunch, arg_names: Sequence[str]) -> None:
-        module = importlib.import_module(f"{__package__}.{launch.module}")
+        module = importlib.import_module(f"{kernels.__name__}.{launch.module}")
         self.launch = launch
         self._bound = getattr(module, launch.kernel)[launch.grid]
         self._order = tuple(arg_names.index(name) for name in launch.signature)
@@ -284,6 +285,12 @@ class TritonImpl(MSDAImpl):
     DEVICES = ("cuda", "npu", "cpu")
     DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
     MAX_HEAD_DIM = 1024
+    SOURCES = (
+        "kernels/triton.py",
+        "kernels/triton_launch.py",
+        "kernels/triton_ascend.py",
+        "kernels/triton_ascend_launch.py",
+    )
 
     def unavailable_reasons(self) -> List[str]:
         if importable("triton"):

@@ -15,6 +15,8 @@ from typing import Dict, List, Tuple
 
 import torch
 
+from ..kernels.triton_launch import MSDAShape
+
 PATTERNS = ("realistic", "uniform")
 
 
@@ -34,6 +36,18 @@ class MSDACase:
     @property
     def num_keys(self) -> int:
         return sum(h * w for h, w in self.levels)
+
+    def launch_shape(self) -> MSDAShape:
+        """The sizes the Triton launch planner takes (``kernels.triton_launch``)."""
+        return MSDAShape(
+            self.batch,
+            self.num_keys,
+            self.num_queries,
+            self.num_heads,
+            self.head_dim,
+            len(self.levels),
+            self.num_points,
+        )
 
 
 _DDETR_LEVELS = ((64, 80), (32, 40), (16, 20), (8, 10))
@@ -132,3 +146,8 @@ def make_inputs(
         loc.to(device=device, dtype=dtype),
         attn.to(device=device, dtype=dtype),
     )
+
+
+def launch_shapes() -> Dict[str, MSDAShape]:
+    """Case name -> ``launch_shape()`` of every case of ``CASES``."""
+    return {name: case.launch_shape() for name, case in CASES.items()}

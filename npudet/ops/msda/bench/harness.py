@@ -1,7 +1,5 @@
-"""Time MSDA implementations side by side on the shapes of real models.
-
-    python tools/benchmark_msda.py --threads 2 --json results/msda_cpu.json
-    python tools/benchmark_msda.py --cases ddetr-enc --threads 2 --runs 3 --json r.json
+"""The MSDA benchmark harness (``tools/benchmark_msda.py`` is its command line): time
+implementations side by side on the shapes of real models.
 
 Every implementation runs in this one process, interleaved round by round after a
 warm-up, so machine noise hits all of them alike; the table gives medians and ratios
@@ -18,7 +16,7 @@ queued back to back between two syncs, per call (what training sees: the larger 
 and the device's time), and on CUDA ``kernel ms``, the GPU's own time per call from the
 profiler. Columns nothing measured are left out of the table.
 
-``--host`` times instead what a call costs the host (``npudet.ops.msda.host_cost``): a
+``--host`` times instead what a call costs the host (``host_cost``): a
 1-query problem whose kernels do next to nothing, per-call us of forward, forward+backward
 and no-grad forward for ``auto`` and each implementation, beside one ATen op's:
 
@@ -32,33 +30,25 @@ where both sides met the same machine state, then summarised.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ..api import multi_scale_deformable_attn
+from ..backends import cpu_isa
+from ..backends.cpu import isa
+from ..checks import cpu_probe
+from ..checks.parity import REFERENCE, errors
+from ..inputs import validate_inputs
+from ..registry import get_impl
+from . import host_cost
+from .cases import CASES, make_inputs, parse_case
 
-from npudet.ops import msda_impls, multi_scale_deformable_attn  # noqa: E402
-from npudet.ops.msda import (  # noqa: E402
-    cpu_isa,
-    cpu_probe,
-    get_impl,
-    host_cost,
-    msda_variants,
-    validate_inputs,
-)
-from npudet.ops.msda.cases import CASES, make_inputs, parse_case  # noqa: E402
-from npudet.ops.msda.cpu_impl import isa  # noqa: E402
-
-BASELINE = "grid_sample"
+BASELINE = REFERENCE
 DEFAULT_CASES = [*CASES, "ddetr-enc:uniform"]
 # Vector features worth naming in the header (/proc/cpuinfo names), where the CPU has them.
 FEATURES = (
@@ -206,9 +196,14 @@ def kernel_ms(runner: Runner, device: str, calls: int = 5) -> float:
     return device_us / 1e3 / calls
 
 
-def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict]:
+def run_case(
+    spec: str, impls: List[str], repeat: int, device: str, dtype: torch.dtype = torch.float32
+) -> List[dict]:
+    """Rows (one per implementation that takes the case) of case ``spec`` on ``device`` in
+    ``dtype``: median times of ``repeat`` interleaved rounds, peak memory, errors against
+    ``BASELINE``."""
     case, pattern = parse_case(spec)
-    inputs = make_inputs(case, pattern, device=device)
+    inputs = make_inputs(case, pattern, dtype=dtype, device=device)
     info = validate_inputs(*inputs)
     skipped = {name: get_impl(name).not_supported_reasons(info) for name in impls}
     for name, reasons in skipped.items():
@@ -225,19 +220,15 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
     runners = {name: Runner(name, inputs, grad) for name in impls}
     probe = make_probe(inputs, case) if device == "cpu" else None
     reference = runners[BASELINE].grads() if BASELINE in runners else None
-    errors = {}
+    errs = {}
     for name, runner in runners.items():
         got = runner.grads()  # also the warm-up
         runner.grads()
         if reference is None:
-            errors[name] = (float("nan"), float("nan"))
+            errs[name] = (float("nan"), float("nan"))
         else:
-            out_err = (got[0] - reference[0]).abs().max().item()
-            grad_err = max(
-                ((g - r).abs().max() / r.abs().max().clamp_min(1e-12)).item()
-                for g, r in zip(got[1:], reference[1:])
-            )
-            errors[name] = (out_err, grad_err)
+            measured = [errors(g, r) for g, r in zip(got, reference)]
+            errs[name] = (measured[0][0], max(rel for _, rel in measured[1:]))
     rounds: Dict[str, List[Dict[str, float]]] = {name: [] for name in impls}
     limits: List[float] = []
     for _ in range(repeat):
@@ -252,7 +243,7 @@ def run_case(spec: str, impls: List[str], repeat: int, device: str) -> List[dict
         for key in ("fwd_ms", "bwd_ms", "fwd_bwd_ms"):
             row[key] = statistics.median(r[key] for r in rounds[name])
         row["peak_mem_mb"] = peak_memory_mb(runners[name], device)
-        row["max_abs_err"], row["max_rel_grad_err"] = errors[name]
+        row["max_abs_err"], row["max_rel_grad_err"] = errs[name]
         row["limit_ms"] = limit
         row["queued_ms"] = queued_ms(runners[name], device)
         row["kernel_ms"] = kernel_ms(runners[name], device)
@@ -371,100 +362,28 @@ def summarize(runs: List[List[dict]]) -> List[dict]:
     return summary
 
 
-def run_separately(argv: List[str], runs: int) -> List[dict]:
-    """Runs this tool ``runs`` times in separate processes with ``argv`` (no --runs/--json);
-    each run's JSON payload, in order."""
-    payloads = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(runs):
-            out = Path(tmp) / f"run{i}.json"
-            cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--json", str(out)]
-            print(f"[benchmark] run {i + 1}/{runs}", file=sys.stderr, flush=True)
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            payloads.append(json.loads(out.read_text()))
-    return payloads
+def header(info: dict, args: argparse.Namespace, runs: str) -> str:
+    """The table's two header lines: the machine, then what the numbers are."""
+    machine = (
+        f"{info['cpu_model']} ({' '.join(info['cpu_features']) or 'no listed features'}), "
+        f"ATen capability {info['aten_capability']}, cpu kernel variant "
+        f"{info['cpu_kernel_variant']}\n"
+        f"torch {info['torch']}, {info['threads']} threads, device {args.device}, {runs}"
+    )
+    if args.host:
+        return machine + (
+            f"median of {args.repeat} interleaved rounds of 1000 calls; host cost per call "
+            f"(1 query, 2x2 map); / aten = over {host_cost.YARDSTICK} (fwd + .sum().backward())"
+        )
+    return machine + (
+        f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE}; "
+        f"limit = gather-only probe (corner rows loaded, nothing computed)"
+    )
 
 
-def _strip_runs_and_json(argv: List[str]) -> List[str]:
-    """argv without --runs and --json (and their values)."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--runs", "--json"):
-            skip = True
-            continue
-        if arg.startswith(("--runs=", "--json=")):
-            continue
-        kept.append(arg)
-    return kept
-
-
-def main(argv: List[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--cases",
-        default=",".join(DEFAULT_CASES),
-        help="comma list of case[:pattern], pattern realistic|uniform",
-    )
-    parser.add_argument(
-        "--impls",
-        default=None,
-        help="comma list of names from msda_impls() or msda_variants() (default: every "
-        "implementation and experiment variant usable here that takes the inputs)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--repeat", type=int, default=5, help="timed rounds per case")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--json", type=Path, default=None, help="write the results here")
-    parser.add_argument(
-        "--host",
-        action="store_true",
-        help="time the host's cost per call on a 1-query problem (host_cost) instead of the "
-        "cases; --repeat rounds of 1000 calls",
-    )
-    parser.add_argument(
-        "--runs",
-        type=int,
-        default=1,
-        help="separate processes to run the benchmark in; > 1 reports the median and the "
-        "spread (min-max) of the runs per cell",
-    )
-    args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs: expected a positive integer")
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error("--threads: expected a positive integer")
-        torch.set_num_threads(args.threads)
-    if args.repeat < 1:
-        parser.error("--repeat: expected a positive integer")
-    available = msda_impls() + msda_variants()
-    impls = args.impls.split(",") if args.impls else available
-    unknown = [name for name in impls if name not in available]
-    if unknown:
-        parser.error(f"--impls: {unknown} not usable here; expected names from {available}")
-    if BASELINE in available and BASELINE not in impls:
-        impls = [BASELINE, *impls]
-    specs = [s for s in args.cases.split(",") if s]
-    try:
-        for spec in specs:
-            parse_case(spec)
-    except ValueError as exc:
-        parser.error(str(exc))
-    if args.runs > 1:
-        argv = sys.argv[1:] if argv is None else argv
-        payloads = run_separately(_strip_runs_and_json(argv), args.runs)
-        summary = summarize([p["results"] for p in payloads])
-        info = payloads[0]["machine"]
-        print(_header(info, args, f"median (min-max) of {args.runs} separate runs, each the "))
-        print(markdown(summary, args.host))
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            payload = {"machine": info, "runs": payloads, "summary": summary}
-            args.json.write_text(json.dumps(payload, indent=2))
-        return 0
+def run(args: argparse.Namespace, impls: List[str], specs: List[str]) -> Tuple[dict, List[dict]]:
+    """(machine info, rows) of one benchmark run in this process: the host cost
+    (``args.host``) or every case of ``specs`` for ``impls``."""
     rows: List[dict] = []
     if args.host:
         named = args.impls.split(",") if args.impls else None  # default: msda_impls()
@@ -472,41 +391,4 @@ def main(argv: List[str] | None = None) -> int:
     for spec in [] if args.host else specs:
         rows.extend(run_case(spec, impls, args.repeat, args.device))
         print(f"[benchmark] {spec} done", file=sys.stderr, flush=True)
-    info = machine_info()
-    print(_header(info, args, ""))
-    print(markdown(rows, args.host))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "torch": info["torch"],
-            "threads": info["threads"],
-            "machine": info,
-            "repeat": args.repeat,
-            "results": rows,
-        }
-        args.json.write_text(json.dumps(payload, indent=2))
-    return 0
-
-
-def _header(info: dict, args: argparse.Namespace, runs: str) -> str:
-    if args.host:
-        return (
-            f"{info['cpu_model']} ({' '.join(info['cpu_features']) or 'no listed features'}), "
-            f"ATen capability {info['aten_capability']}, cpu kernel variant "
-            f"{info['cpu_kernel_variant']}\n"
-            f"torch {info['torch']}, {info['threads']} threads, device {args.device}, {runs}"
-            f"median of {args.repeat} interleaved rounds of 1000 calls; host cost per call "
-            f"(1 query, 2x2 map); / aten = over {host_cost.YARDSTICK} (fwd + .sum().backward())"
-        )
-    return (
-        f"{info['cpu_model']} ({' '.join(info['cpu_features']) or 'no listed features'}), "
-        f"ATen capability {info['aten_capability']}, cpu kernel variant "
-        f"{info['cpu_kernel_variant']}\n"
-        f"torch {info['torch']}, {info['threads']} threads, device {args.device}, {runs}"
-        f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE}; "
-        f"limit = gather-only probe (corner rows loaded, nothing computed)"
-    )
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return machine_info(), rows

@@ -25,9 +25,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .api import multi_scale_deformable_attn
-from .inputs import validate_inputs
-from .registry import get_impl, msda_impls
+from ..api import multi_scale_deformable_attn
+from ..backends import cpu as cpu_impl
+from ..inputs import validate_inputs
+from ..registry import get_impl, msda_impls
 
 TIMES = ("fwd_us", "fwd_bwd_us", "nograd_fwd_us")
 YARDSTICK = "aten grid_sample"
@@ -85,8 +86,6 @@ def _addcmul_calls(device: str) -> Calls:
 
 def _cpu_kernel_calls(inputs: Tuple[torch.Tensor, ...]) -> Calls:
     """The ``cpu`` kernel's ops called directly: forward op, backward op, no autograd."""
-    from . import cpu_impl
-
     value, shapes, starts, loc, attn = (t.detach() for t in inputs)
     options = cpu_impl.CPUImpl.OPTIONS.as_ints()
     grad = torch.ones(1, 1, 8)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import cpu_impl
+from ..backends import cpu as cpu_impl
 
 
 class ProbePlan(NamedTuple):

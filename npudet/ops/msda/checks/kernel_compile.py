@@ -18,10 +18,11 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import ModuleType
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .triton_launch import KernelLaunch, MSDAShape, plan_launches
+from ..kernels.triton_launch import KernelLaunch, MSDAShape, plan_launches
 
 CUDA_TARGETS: Dict[str, int] = {"cuda:80": 80, "cuda:90": 90}
 _USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
@@ -43,9 +44,14 @@ class CudaCompileResult:
     shared_bytes: Optional[int] = None
 
 
+# npudet/ops/msda/kernels, and the folder npudet is imported from.
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+IMPORT_ROOT = KERNELS.parents[3]
+
+
 def module_path(module: str) -> str:
-    """File of ``npudet.ops.msda.<module>``."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{module}.py")
+    """File of ``npudet.ops.msda.kernels.<module>``."""
+    return str(KERNELS / f"{module}.py")
 
 
 @functools.cache
@@ -137,7 +143,7 @@ def compile_many(
         jobs=[dict(launch=asdict(launch), arch=arch, path=path) for launch, arch, path in jobs],
         want_ir=want_ir,
     )
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(module_path("x")))))
+    root = str(IMPORT_ROOT)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (root, env.get("PYTHONPATH"))))
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,18 +203,10 @@ ODD_SHAPES: Dict[str, MSDAShape] = {
 CUDA_DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
-def check_shapes() -> Dict[str, MSDAShape]:
-    """Case name -> shape: the benchmark cases of ``cases.py`` and :data:`ODD_SHAPES`."""
-    from .cases import CASES
-
-    shapes = {
-        name: MSDAShape(
-            c.batch, c.num_keys, c.num_queries, c.num_heads, c.head_dim, len(c.levels), c.num_points
-        )
-        for name, c in CASES.items()
-    }
-    shapes.update(ODD_SHAPES)
-    return shapes
+def check_shapes(cases: Mapping[str, MSDAShape]) -> Dict[str, MSDAShape]:
+    """Case name -> shape: ``cases`` (the benchmark's, ``bench.cases.launch_shapes()``) and
+    :data:`ODD_SHAPES`."""
+    return {**cases, **ODD_SHAPES}
 
 
 def launch_key(launch: KernelLaunch) -> str:
@@ -220,9 +218,9 @@ def launch_key(launch: KernelLaunch) -> str:
 
 
 def check_cuda(
+    shapes: Mapping[str, MSDAShape],
     targets: Sequence[str] = tuple(CUDA_TARGETS),
     dtypes: Sequence[str] = CUDA_DTYPES,
-    shapes: Optional[Dict[str, MSDAShape]] = None,
 ) -> List[Dict[str, object]]:
     """Compile the ``cuda`` schedule's launches of every shape x dtype for every target.
 
@@ -233,7 +231,6 @@ def check_cuda(
     for target in targets:
         if target not in CUDA_TARGETS:
             raise ValueError(f"targets: expected some of {sorted(CUDA_TARGETS)}, got {target!r}")
-    shapes = check_shapes() if shapes is None else shapes
     planned = [
         (target, dtype, case, launch)
         for target in targets

@@ -1,11 +1,11 @@
 """Build-on-first-use of the native kernels with ``torch.utils.cpp_extension``.
 
-The sources are the repository's top-level ``ops/`` in a checkout (editable install) and
-``npudet/_ops/`` in an installed package (``setup.py`` copies ``ops/`` there when it
-builds a wheel). Builds land in a cache keyed by the extension name, the sources, the
-compiler flags, torch, Python and the architecture (and the CPU model for a build tied to
-one CPU), so a second process loads in milliseconds. Set ``NPUDET_EXT_CACHE`` to move the
-cache.
+The sources are this package's ``csrc/`` (shipped as package data: the same place in a
+checkout and in an installed wheel). Builds land in a cache keyed by the extension name, the
+sources, the compiler flags, torch, Python and the architecture (and the CPU model for a
+build tied to one CPU), so a second process loads in milliseconds. Set ``NPUDET_EXT_CACHE``
+to move the cache.
+
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
-_PACKAGE = Path(__file__).resolve().parents[2]
-# Installed package first, then the checkout the package was imported from.
-SOURCE_ROOTS = (_PACKAGE / "_ops", _PACKAGE.parent / "ops")
+CSRC = Path(__file__).resolve().parent / "csrc"
 
 _loaded: Dict[str, Union[ModuleType, str]] = {}
 
@@ -45,11 +43,8 @@ def _cpu_model() -> str:
 
 
 def source_root(relative_sources: Sequence[str]) -> Optional[Path]:
-    """The first of ``SOURCE_ROOTS`` holding every one of ``relative_sources``, or None."""
-    for root in SOURCE_ROOTS:
-        if all((root / rel).is_file() for rel in relative_sources):
-            return root
-    return None
+    """``CSRC`` if it holds every one of ``relative_sources``, else None."""
+    return CSRC if all((CSRC / rel).is_file() for rel in relative_sources) else None
 
 
 def cache_dir(
@@ -86,7 +81,7 @@ def load_extension(
 ) -> Union[ModuleType, str]:
     """Build (once) and import extension ``name``; on failure return the reason as a string.
 
-    ``relative_sources`` are paths under ``ops/``; ``extra_flags`` follow ``FLAGS`` (e.g.
+    ``relative_sources`` are paths under ``csrc/``; ``extra_flags`` follow ``FLAGS`` (e.g.
     ``-march=x86-64-v3``); ``cpu_specific`` keys the cache by this CPU (``-march=native``);
     ``extra_ldflags`` follow ``-fopenmp`` at link time.
     Each distinct build needs a distinct ``name``: torch imports an extension by name.
@@ -99,8 +94,7 @@ def load_extension(
         return missing
     root = source_root(relative_sources)
     if root is None:
-        searched = [str(r) for r in SOURCE_ROOTS]
-        _loaded[name] = f"kernel sources {relative_sources} not found under {searched}"
+        _loaded[name] = f"kernel sources {relative_sources} not found under {CSRC}"
         return _loaded[name]
     from torch.utils.cpp_extension import load
 

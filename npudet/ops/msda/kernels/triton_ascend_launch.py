@@ -149,7 +149,7 @@ def plan(dtype_name: str, shape: MSDAShape, index_dtype: str) -> Dict[str, Kerne
     )
     return {
         name: KernelLaunch(
-            module="triton_ascend_kernels",
+            module="triton_ascend",
             kernel=kernel,
             grid=(programs, 1, 1),
             constexprs=dict(constexprs),

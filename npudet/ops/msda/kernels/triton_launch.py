@@ -63,7 +63,7 @@ class MSDAShape:
 class KernelLaunch:
     """One kernel launch: everything ``kernel[grid](**args, **constexprs, num_warps=...)`` needs."""
 
-    module: str  # module inside npudet.ops.msda holding the kernel
+    module: str  # module inside npudet.ops.msda.kernels holding the kernel
     kernel: str
     grid: Tuple[int, int, int]
     constexprs: Dict[str, Union[int, bool, str]]  # JSON-serialisable only
@@ -222,7 +222,7 @@ def _cuda_plan(dtype_name: str, shape: MSDAShape, index_dtype: str) -> Dict[str,
                 f"the grid limit {MAX_GRID_X}; split the batch"
             )
         plans[name] = KernelLaunch(
-            module="triton_kernels",
+            module="triton",
             kernel=kernel,
             # Axis 0 takes up to 2**31 - 1 programs; axes 1 and 2 only 65535.
             grid=(programs, 1, 1),

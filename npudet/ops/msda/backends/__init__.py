@@ -1,0 +1,3 @@
+"""One module per MSDA implementation; importing this package registers them all."""
+
+from . import cpu, gather, grid_sample, mmcv, npu, triton  # noqa: F401  (register)
