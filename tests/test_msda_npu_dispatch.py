@@ -17,6 +17,7 @@ from msda_util import random_inputs
 
 from npudet.ops.msda import (
     MSDAInputs,
+    auto,
     auto_order,
     get_impl,
     registry,
@@ -136,7 +137,7 @@ def test_selection_imports_nothing():
 
 
 def test_auto_logs_its_choice_once(monkeypatch, caplog):
-    monkeypatch.setattr(registry, "_announced", set())
+    monkeypatch.setattr(auto, "_announced", set())
     with caplog.at_level(logging.INFO, logger="npudet"):
         for _ in range(3):
             assert auto_on({**MX, **TRITON}, dim=36) == "triton"

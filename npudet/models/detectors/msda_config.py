@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 from torch import nn
 
-from ..layers import check_impl_name, deformable_layers
+from npudet.ops.msda import check_impl_name
+
+from ..layers import deformable_layers
 
 PARTS = ("encoder", "decoder")
 
@@ -17,15 +19,21 @@ def resolve_msda_cfg(msda: Optional[Mapping], key: str = "model.msda") -> Dict[s
     ``impl`` is the default of every part; ``encoder`` / ``decoder`` override it for
     that part (ablations). Unknown keys or names raise ``ValueError`` naming the key.
     """
+    return _resolve(msda, key)[1]
+
+
+def _resolve(msda: Optional[Mapping], key: str) -> Tuple[str, Dict[str, str]]:
+    """(the default ``impl``, the per-part implementations), each name checked once."""
     msda = dict(msda or {})
     unknown = sorted(set(msda) - {"impl", *PARTS})
     if unknown:
         raise ValueError(f"{key}: unknown keys {unknown}; expected impl, encoder, decoder")
     default = check_impl_name(msda.get("impl", "auto"), f"{key}.impl")
-    return {
+    parts = {
         part: default if msda.get(part) is None else check_impl_name(msda[part], f"{key}.{part}")
         for part in PARTS
     }
+    return default, parts
 
 
 def layer_part(name: str) -> Optional[str]:
@@ -41,8 +49,7 @@ def apply_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, st
     implementation, any other layer ``impl``; mmcv's own MSDA layers are converted to
     npudet's in place. Returns the per-part implementations.
     """
-    impls = resolve_msda_cfg(msda)
-    default = check_impl_name(dict(msda or {}).get("impl", "auto"), "model.msda.impl")
+    default, impls = _resolve(msda, "model.msda")
     for name, layer in deformable_layers(detector):
         part = layer_part(name)
         layer.impl = default if part is None else impls[part]

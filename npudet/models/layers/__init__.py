@@ -1,7 +1,12 @@
-"""npudet's transformer layers."""
+"""npudet's transformer layers.
+
+``check_impl_name`` is the op library's (``npudet.ops.msda.registry``), the one check of
+an MSDA implementation name, re-exported for configs and layers.
+"""
+
+from npudet.ops.msda import check_impl_name
 
 from .deformable_attention import DeformableAttention
-from .impl_names import check_impl_name
 from .msda import MultiScaleDeformableAttention
 from .msda_switch import convert_msda, deformable_layers
 

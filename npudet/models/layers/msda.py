@@ -7,8 +7,9 @@ from typing import Any, Optional
 import torch
 from mmcv.ops import MultiScaleDeformableAttention as MMCVMultiScaleDeformableAttention
 
+from npudet.ops.msda import check_impl_name
+
 from .deformable_attention import DeformableAttention
-from .impl_names import check_impl_name
 
 
 class MultiScaleDeformableAttention(DeformableAttention, MMCVMultiScaleDeformableAttention):

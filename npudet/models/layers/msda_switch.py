@@ -7,8 +7,9 @@ from typing import Iterator, Tuple
 from mmcv.ops import MultiScaleDeformableAttention as MMCVMultiScaleDeformableAttention
 from torch import nn
 
+from npudet.ops.msda import check_impl_name
+
 from .deformable_attention import DeformableAttention
-from .impl_names import check_impl_name
 from .msda import MultiScaleDeformableAttention
 
 
