@@ -22,7 +22,7 @@ from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED  # noqa: E402
 from npudet.utils.environment import device_problem  # noqa: E402
 
 # On the CPU without a GPU, Triton kernels run under its interpreter on CPU tensors. Set
-# before any kernel is decorated (npudet.ops.msda.triton_kernels is imported on first use);
+# before any kernel is decorated (npudet.ops.msda.kernels.triton is imported on first use);
 # never for a device run, whose Triton kernels must be compiled for the device.
 if DEVICE == "cpu" and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -25,10 +25,11 @@ IMPLS = candidate_impls(variants=True)
 IMPLS_F64 = candidate_impls(torch.float64, variants=True)
 IMPLS_HALF = [(i, d) for d in (torch.float16, torch.bfloat16) for i in candidate_impls(d)]
 
-# The device check's cases (``checks.parity``), but the probe (``test_msda_dispatch``) and
-# NaN locations (tested below on their own terms).
+# The device check's cases (``checks.parity``) but the probe (``test_msda_dispatch``) and
+# NaN locations (tested below on their own terms), and a batch of one.
 EDGE_CASES = {
-    name: case for name, case in PARITY_CASES.items() if name != PROBE_CASE and not case.get("nan")
+    **{n: c for n, c in PARITY_CASES.items() if n != PROBE_CASE and not c.get("nan")},
+    "batch-1": dict(batch=1),
 }
 
 

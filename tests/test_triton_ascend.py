@@ -1,4 +1,4 @@
-"""The Ascend-shaped Triton kernels (``triton_ascend_kernels.py``): parity and lowering.
+"""The Ascend-shaped Triton kernels (``kernels/triton_ascend.py``): parity and lowering.
 
 Parity: ``NPUDET_TRITON_SCHEDULE=ascend`` makes the ``triton`` implementation launch the
 Ascend kernels as ``triton_ascend_launch.py`` plans them; without a device they run under the
@@ -33,7 +33,7 @@ pytest.importorskip("triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASCEND_PYTHON = os.path.join(ROOT, ".venv-ascend", "bin", "python")
-LOWERING = os.path.join(ROOT, "npudet", "ops", "msda", "ascend_lowering.py")
+LOWERING = ascend_lowering.__file__
 # The Ascend kernels run compiled on an NPU (or a GPU), else interpreted on CPU tensors.
 RUN_DEVICE = DEVICE if DEVICE != "cpu" else ("cuda" if torch.cuda.is_available() else "cpu")
 FEW_CORES = 3
@@ -57,7 +57,7 @@ def ascend(monkeypatch):
     monkeypatch.setattr(triton_impl, "_LAUNCHERS", {}, raising=False)
     yield planned
     assert planned, "the triton implementation planned no Ascend launch"
-    assert {p.module for p in planned} == {"triton_ascend_kernels"}
+    assert {p.module for p in planned} == {"triton_ascend"}
 
 
 @contextlib.contextmanager
@@ -280,25 +280,13 @@ def lower(jobs):
     return json.loads(proc.stdout)
 
 
-def job(tag, launch, **extra):
-    return dict(
-        tag=tag,
-        module_path=kernel_compile.module_path(launch.module),
-        kernel=launch.kernel,
-        signature=launch.signature,
-        constexprs=launch.constexprs,
-        grid=list(launch.grid),
-        **extra,
-    )
-
-
 def compile_once(planned, **extra):
     """``{tag: answer}`` for ``{tag: launch}``, each distinct launch lowered (and with
     ``hivm=True`` compiled) once."""
     first = {}
     for tag, launch in planned.items():
         first.setdefault(kernel_compile.launch_key(launch) + str(launch.grid), tag)
-    jobs = [job(tag, planned[tag], **extra) for tag in first.values()]
+    jobs = [kernel_compile.lowering_job(tag, planned[tag], **extra) for tag in first.values()]
     answers = {r["tag"]: r for r in lower(jobs)}
     assert set(answers) == set(first.values())
     return {
@@ -388,7 +376,7 @@ def test_triton_compile_stops_at_the_npu_binary_stage(compiled):
     an NPU user's first call: its own Linalg is the one checked here, and without CANN it stops
     before calling the compiler (the target arch comes from CANN's runtime)."""
     launch = triton_launch.plan_launches("ascend", "float32", _shape(CASES["ddetr-dec"]))["fwd"]
-    (r,) = lower([job("triton.compile", launch, triton_compile=True)])
+    (r,) = lower([kernel_compile.lowering_job("triton.compile", launch, triton_compile=True)])
     assert r["lowered"] and r["triton_compile_same_linalg"], r
     if r["triton_compile"] != "compiled":
         assert r["triton_compile"] == "ConvertLinalgRToBinary", r
@@ -405,8 +393,11 @@ def test_hivm_rung_fails_on_anything_but_the_missing_hivmc(tmp_path):
         fakes[name] = tmp_path / name
         fakes[name].write_text(f"#!/bin/sh\n{said}\n{extra}\nexit 1\n")
         fakes[name].chmod(0o755)
-    jobs = [job(name, launch, hivm=True, compiler=str(path)) for name, path in fakes.items()]
-    jobs.append(job("bad_target", launch, hivm=True, arch="Ascend000"))
+    jobs = [
+        kernel_compile.lowering_job(name, launch, hivm=True, compiler=str(path))
+        for name, path in fakes.items()
+    ]
+    jobs.append(kernel_compile.lowering_job("bad_target", launch, hivm=True, arch="Ascend000"))
     results = {r["tag"]: r for r in lower(jobs)}
     assert not any(r["hivm_ok"] for r in results.values()), results
     assert "no IR printed after hivm-plan-memory" in results["no_plan"]["hivm_error"]
@@ -454,7 +445,7 @@ def test_lowering_counts_what_it_claims(tmp_path):
 def test_float64_does_not_lower():
     """triton-ascend's front end refuses float64: the planner's refusal is not a guess."""
     launch = triton_launch.plan_launches("ascend", "float32", _shape(CASES["ddetr-dec"]))["fwd"]
-    f64 = job("f64", launch)
+    f64 = kernel_compile.lowering_job("f64", launch)
     f64["signature"] = {k: v.replace("fp32", "fp64") for k, v in launch.signature.items()}
     (r,) = lower([f64])
     assert not r["lowered"] and "fp64" in r["error"]

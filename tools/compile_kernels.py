@@ -76,16 +76,8 @@ def check_ascend(
             key = kernel_compile.launch_key(launch) + json.dumps(launch.grid)
             tag = first_tag.setdefault(key, f"{launch.kernel}|{dtype}|{case}")
             tags[(launch.kernel, dtype, case)] = tag
-            requests[tag] = dict(
-                tag=tag,
-                module_path=kernel_compile.module_path(launch.module),
-                kernel=launch.kernel,
-                signature=launch.signature,
-                constexprs=launch.constexprs,
-                grid=list(launch.grid),
-                hivm=True,
-                compiler=compiler,
-                arch=arch,
+            requests[tag] = kernel_compile.lowering_job(
+                tag, launch, hivm=True, compiler=compiler, arch=arch
             )
     proc = subprocess.run(
         [str(ASCEND_PYTHON), "-I", str(ASCEND_LOWERING)],

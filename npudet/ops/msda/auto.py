@@ -64,7 +64,7 @@ from . import call_plan
 from .checks import parity, records
 from .checks.records import DType, Record, current_device_name, dtype_name
 from .inputs import MSDAInputs
-from .registry import _REGISTRY, MSDAImpl, get_impl, msda_impls
+from .registry import MSDAImpl, get_impl, msda_impls, registered_impls
 
 logger = logging.getLogger("npudet")
 
@@ -241,7 +241,8 @@ def auto_order(device_type: str, dtype: Optional[torch.dtype] = None) -> List[st
 
 
 def _static_order(device_type: str) -> List[str]:
-    return [n for n in AUTO_PRIORITY.get(device_type, DEFAULT_PRIORITY) if n in _REGISTRY]
+    registered = set(registered_impls())
+    return [n for n in AUTO_PRIORITY.get(device_type, DEFAULT_PRIORITY) if n in registered]
 
 
 @torch.compiler.assume_constant_result
@@ -262,7 +263,7 @@ def _announce(name: str, inputs: MSDAInputs, rejected: List[Tuple[str, List[str]
     ``npudet.engine``): INFO once per (device, dtype, choice, skipped), and a WARNING for
     each candidate skipped because it failed verification."""
     where = f"{inputs.device_type} {dtype_name(inputs.dtype)}"
-    build = _REGISTRY[name].build_info()
+    build = get_impl(name).build_info()
     skipped = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected)
     logger.info(
         "npudet MSDA auto on %s: using %r%s%s",
@@ -316,7 +317,7 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
         if nondeterministic:
             message = (
                 f"impl={impl!r}: {nondeterministic}; use impl='auto' or one of "
-                f"{[n for n in msda_impls() if inputs.device_type in _REGISTRY[n].DETERMINISTIC]}"
+                f"{[n for n in msda_impls() if inputs.device_type in get_impl(n).DETERMINISTIC]}"
             )
             if not torch.is_deterministic_algorithms_warn_only_enabled():
                 raise RuntimeError(message)
@@ -324,8 +325,9 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
         return chosen
     rejected = []
     for name in auto_order(inputs.device_type, inputs.dtype):
-        reasons = _REGISTRY[name].not_supported_reasons(inputs)
-        nondeterministic = nondeterministic_reason(_REGISTRY[name], inputs)
+        candidate = get_impl(name)
+        reasons = candidate.not_supported_reasons(inputs)
+        nondeterministic = nondeterministic_reason(candidate, inputs)
         if nondeterministic:
             reasons = [*reasons, nondeterministic]
         if not reasons:
@@ -337,7 +339,7 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
             if not torch.compiler.is_compiling() and key not in _announced:
                 _announced.add(key)
                 _announce(name, inputs, rejected)
-            return _REGISTRY[name]
+            return candidate
         rejected.append((name, reasons))
     listed = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejected) or "none registered"
     raise ValueError(f"impl='auto': no MSDA implementation supports these inputs ({listed})")

@@ -59,6 +59,22 @@ def empty_grads(
     )
 
 
+def register_fake_kernels(lib: torch.library.Library, forward: str, backward: str) -> None:
+    """Register the fake kernels (``torch.compile``, fake tensors) of a forward op
+    ``(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+    *options)`` and of its backward op ``(grad_output, <the forward's arguments>)``:
+    ``empty_output`` and ``empty_grads``."""
+
+    def fake_forward(value, spatial_shapes, starts, sampling_locations, *rest):
+        return empty_output(value, sampling_locations)
+
+    def fake_backward(grad_output, value, spatial_shapes, starts, sampling_locations, attn, *rest):
+        return empty_grads(value, sampling_locations, attn)
+
+    torch.library.register_fake(forward, fake_forward, lib=lib)
+    torch.library.register_fake(backward, fake_backward, lib=lib)
+
+
 def _shape_error(name: str, expected: str, tensor: torch.Tensor) -> ValueError:
     return ValueError(f"{name}: expected shape {expected}, got {tuple(tensor.shape)}")
 

@@ -20,7 +20,7 @@ from typing import List, Optional
 
 import torch
 
-from ..inputs import MSDAInputs, empty_grads, empty_output
+from ..inputs import MSDAInputs, register_fake_kernels
 from ..kernels.native_build import load_extension
 from ..registry import Kernel, MSDAImpl, register, register_variant
 from . import cpu_isa
@@ -113,22 +113,7 @@ msda_cpu_forward = torch.ops.npudet.msda_cpu_forward.default
 msda_cpu_backward = torch.ops.npudet.msda_cpu_backward.default
 
 
-@torch.library.register_fake("npudet::msda_cpu_forward", lib=_LIB)
-def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, options):
-    return empty_output(value, sampling_locations)
-
-
-@torch.library.register_fake("npudet::msda_cpu_backward", lib=_LIB)
-def _(
-    grad_output,
-    value,
-    spatial_shapes,
-    level_start_index,
-    sampling_locations,
-    attention_weights,
-    options,
-):
-    return empty_grads(value, sampling_locations, attention_weights)
+register_fake_kernels(_LIB, "npudet::msda_cpu_forward", "npudet::msda_cpu_backward")
 
 
 class CPUImpl(MSDAImpl):
@@ -147,17 +132,9 @@ class CPUImpl(MSDAImpl):
         ext = _load()
         return [ext] if isinstance(ext, str) else []
 
-    def forward(
-        self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-    ):
-        return msda_cpu_forward(
-            value,
-            spatial_shapes,
-            level_start_index,
-            sampling_locations,
-            attention_weights,
-            self.OPTIONS.as_ints(),
-        )
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        """The five inputs of ``MSDAImpl.forward`` -> (bs, num_queries, heads * D)."""
+        return msda_cpu_forward(*tensors, self.OPTIONS.as_ints())
 
     def build_info(self) -> str:
         return f"{isa()} build" + (", sanitized" if _chosen.get("sanitized") else "")
@@ -169,15 +146,8 @@ class CPUImpl(MSDAImpl):
         ext()  # the op's kernels are registered when the library loads
         op, options = msda_cpu_forward, self.OPTIONS.as_ints()
 
-        def run(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-            return op(
-                value,
-                spatial_shapes,
-                level_start_index,
-                sampling_locations,
-                attention_weights,
-                options,
-            )
+        def run(*tensors: torch.Tensor) -> torch.Tensor:
+            return op(*tensors, options)
 
         return run
 

@@ -1,11 +1,11 @@
-"""``triton``: the Triton kernels of ``triton_kernels.py`` as torch custom ops.
+"""``triton``: the Triton kernels of ``kernels/triton.py`` as torch custom ops.
 
 Runs on CUDA tensors (triton) and Ascend NPU tensors (triton-ascend). CPU tensors are
 accepted only under the Triton interpreter (``TRITON_INTERPRET=1`` set before the
 kernels are first compiled): a test path, never chosen by ``auto`` on CPU. float16 and
 bfloat16 inputs are read as they are and accumulated in float32; float64 in float64.
 What runs is what ``triton_launch.plan_launches`` plans: the ``cuda`` schedule
-(``triton_kernels.py``) except on npu tensors, which take the ``ascend`` one
+(``kernels/triton.py``) except on npu tensors, which take the ``ascend`` one
 (``NPUDET_TRITON_SCHEDULE`` forces either); the compile checks compile the same plans.
 ``triton`` is imported only when a kernel first runs.
 """
@@ -23,7 +23,7 @@ import torch
 from npudet.utils.packages import importable
 
 from .. import kernels
-from ..inputs import MSDAInputs, empty_grads, empty_output
+from ..inputs import MSDAInputs, empty_output, register_fake_kernels
 from ..kernels.triton_launch import KernelLaunch, MSDAShape, plan_launches, schedule_for
 from ..registry import Kernel, MSDAImpl, register
 
@@ -43,11 +43,11 @@ def _interpret_requested() -> bool:
 @torch.compiler.assume_constant_result
 def _cpu_reasons() -> tuple:
     """Why CPU tensors cannot run here: they need the interpreter."""
-    kernels = sys.modules.get(_KERNELS)
-    interpreted = kernels.INTERPRETED if kernels is not None else _interpret_requested()
+    loaded = sys.modules.get(_KERNELS)
+    interpreted = loaded.INTERPRETED if loaded is not None else _interpret_requested()
     if interpreted:
         return ()
-    if kernels is not None:
+    if loaded is not None:
         return (
             "cpu tensors need the Triton interpreter, but the kernels were compiled "
             "before TRITON_INTERPRET=1 was set",
@@ -182,20 +182,8 @@ def _backward(
     grad_attn = torch.empty_like(attn)
     _, bwd = _launchers(value, shapes, loc)
     with _device_guard(value.device):
-        bwd(
-            grad_out,
-            value,
-            shapes,
-            starts,
-            loc,
-            attn,
-            grad_value,
-            grad_loc,
-            grad_attn,
-            value.shape[0],
-            value.shape[1],
-            loc.shape[1],
-        )
+        tensors = (grad_out, value, shapes, starts, loc, attn, grad_value, grad_loc, grad_attn)
+        bwd(*tensors, value.shape[0], value.shape[1], loc.shape[1])
     return grad_value.to(value.dtype), grad_loc, grad_attn
 
 
@@ -222,21 +210,7 @@ msda_triton_forward = torch.ops.npudet.msda_triton_forward.default
 msda_triton_backward = torch.ops.npudet.msda_triton_backward.default
 
 
-@torch.library.register_fake("npudet::msda_triton_forward", lib=_LIB)
-def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
-    return empty_output(value, sampling_locations)
-
-
-@torch.library.register_fake("npudet::msda_triton_backward", lib=_LIB)
-def _(
-    grad_output,
-    value,
-    spatial_shapes,
-    level_start_index,
-    sampling_locations,
-    attention_weights,
-):
-    return empty_grads(value, sampling_locations, attention_weights)
+register_fake_kernels(_LIB, "npudet::msda_triton_forward", "npudet::msda_triton_backward")
 
 
 class _MSDATriton(torch.autograd.Function):

@@ -54,6 +54,20 @@ def module_path(module: str) -> str:
     return str(KERNELS / f"{module}.py")
 
 
+def lowering_job(tag: str, launch: KernelLaunch, **extra: object) -> Dict[str, object]:
+    """One job of ``ascend_lowering.py`` (its stdin: a JSON list of them) for ``launch``;
+    ``extra``: its options (``hivm``, ``compiler``, ``arch``)."""
+    return dict(
+        tag=tag,
+        module_path=module_path(launch.module),
+        kernel=launch.kernel,
+        signature=launch.signature,
+        constexprs=launch.constexprs,
+        grid=list(launch.grid),
+        **extra,
+    )
+
+
 @functools.cache
 def compiled_module(path: str) -> ModuleType:
     """The kernel module at ``path`` loaded so its kernels compile, never interpreted.

@@ -74,7 +74,6 @@ PARITY_CASES: Dict[str, dict] = {
     "dim-33": dict(dim=33),
     "points-1": dict(points=1),
     "points-8": dict(points=8),
-    "batch-1": dict(batch=1),
     "batch-3": dict(batch=3),
     "one-query": dict(queries=1),
     "all-outside": dict(low=1.01, high=3.0),

@@ -64,36 +64,37 @@ def _samples(
     starts,
     loc,
     attn,
-    row,
-    h,
+    qh,
     j0,
     qmask,
     num_keys,
-    NUM_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    NUM_LEVELS: tl.constexpr,
+    ROW: tl.constexpr,
+    SAMPLES: tl.constexpr,
     NUM_POINTS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """Geometry of samples ``j0 .. j0 + BLOCK_S`` (of levels * points) of a query block.
+    """Geometry of samples ``j0 .. j0 + BLOCK_S`` (of ``SAMPLES`` = levels * points) of a
+    query block.
 
-    Returns (BLOCK_Q, BLOCK_S) tensors: the flat sample index ``s`` (int64) and its mask,
-    the int64 offsets (in elements, from this batch and head) of the corner rows
-    (y0,x0), (y0,x1), (y1,x0), (y1,x1) and their masks, fx, fy and the attention weight
-    (0 where the sample does not count); then (1, BLOCK_S): H and W in ``ACC``.
+    ``qh`` (BLOCK_Q,): query * heads + head of each query of the block; ``ROW``: elements
+    of a value row (heads * head_dim). Returns (BLOCK_Q, BLOCK_S) tensors: the flat sample
+    index ``s`` (int64) and its mask, the int64 offsets (in elements, from this batch and
+    head) of the corner rows (y0,x0), (y0,x1), (y1,x0), (y1,x1) and their masks, fx, fy,
+    1 - fx, 1 - fy and the attention weight (0 where the sample does not count); then
+    (1, BLOCK_S): H and W in ``ACC``.
     """
     j = j0 + tl.arange(0, BLOCK_S)
-    jmask = j < NUM_LEVELS * NUM_POINTS
-    if (NUM_LEVELS * NUM_POINTS) % BLOCK_S != 0:
-        j = tl.minimum(j, NUM_LEVELS * NUM_POINTS - 1)  # padded samples repeat the last one
+    jmask = j < SAMPLES
+    if (SAMPLES) % BLOCK_S != 0:
+        j = tl.minimum(j, SAMPLES - 1)  # padded samples repeat the last one
     lvl = j // NUM_POINTS
     H = tl.load(shapes + 2 * lvl).to(tl.int32)[None, :]
     W = tl.load(shapes + 2 * lvl + 1).to(tl.int32)[None, :]
     start = tl.load(starts + lvl).to(tl.int64)[None, :]
     Hf = H.to(ACC)
     Wf = W.to(ACC)
-    s = (row * NUM_HEADS + h)[:, None] * (NUM_LEVELS * NUM_POINTS) + j[None, :]
+    s = qh[:, None] * (SAMPLES) + j[None, :]
     smask = qmask[:, None] & jmask[None, :]
     x = tl.load(loc + 2 * s, mask=smask, other=0.0).to(ACC) * Wf - 0.5
     y = tl.load(loc + 2 * s + 1, mask=smask, other=0.0).to(ACC) * Hf - 0.5
@@ -120,24 +121,43 @@ def _samples(
     k10 = tl.minimum(tl.maximum(k00 + W, 0), last)
     k11 = tl.minimum(tl.maximum(k00 + W + 1, 0), last)
     k00 = tl.minimum(tl.maximum(k00, 0), last)
-    row_stride = NUM_HEADS * HEAD_DIM
+    fx = x - xf
+    fy = y - yf
     return (
         s,
         smask,
-        k00 * row_stride,
-        k01 * row_stride,
-        k10 * row_stride,
-        k11 * row_stride,
+        k00 * ROW,
+        k01 * ROW,
+        k10 * ROW,
+        k11 * ROW,
         y_lo & x_lo,
         y_lo & x_hi,
         y_hi & x_lo,
         y_hi & x_hi,
-        x - xf,
-        y - yf,
+        fx,
+        fy,
+        1.0 - fx,
+        1.0 - fy,
         a,
         Hf,
         Wf,
     )
+
+
+@triton.jit
+def _corner_rows(value, o, m, d3, dmask, ACC: tl.constexpr):
+    """(BLOCK_Q, BLOCK_S, BLOCK_D) value rows at offsets ``o`` in ``ACC``, 0 where ``m`` is off."""
+    return tl.load(value + o[:, :, None] + d3, mask=m[:, :, None] & dmask, other=0.0).to(ACC)
+
+
+@triton.jit
+def _scatter_dot(value, grad_value, g, o, m, w, d3, dmask, ACC: tl.constexpr):
+    """Adds ``w * g`` to the corner rows at offsets ``o`` (masked atomics); returns the
+    (BLOCK_Q, BLOCK_S) dots ``g . row``. ``g``: (BLOCK_Q, 1, BLOCK_D) in ``ACC``."""
+    o = o[:, :, None] + d3
+    m = m[:, :, None] & dmask
+    tl.atomic_add(grad_value + o, w[:, :, None] * g, mask=m, sem="relaxed")
+    return tl.sum(g * tl.load(value + o, mask=m, other=0.0).to(ACC), axis=2)
 
 
 @triton.jit
@@ -165,39 +185,34 @@ def msda_fwd_kernel(
     d, dm = _channels(HEAD_DIM, BLOCK_D)
     dmask = dm[None, None, :]
     d3 = d[None, None, :]
+    qh = row * NUM_HEADS + h
     base = value + (b * num_keys * NUM_HEADS + h) * HEAD_DIM
     acc = tl.zeros((BLOCK_Q, BLOCK_S, BLOCK_D), dtype=ACC)
-    for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
-        s, smask, o00, o01, o10, o11, m00, m01, m10, m11, fx, fy, a, Hf, Wf = _samples(
+    ROW: tl.constexpr = NUM_HEADS * HEAD_DIM
+    SAMPLES: tl.constexpr = NUM_LEVELS * NUM_POINTS
+    for j0 in range(0, SAMPLES, BLOCK_S):
+        _, _, o00, o01, o10, o11, m00, m01, m10, m11, fx, fy, gx, gy, a, _, _ = _samples(
             shapes,
             starts,
             loc,
             attn,
-            row,
-            h,
+            qh,
             j0,
             qmask,
             num_keys,
-            NUM_HEADS,
-            HEAD_DIM,
-            NUM_LEVELS,
+            ROW,
+            SAMPLES,
             NUM_POINTS,
             BLOCK_S,
             ACC,
         )
-        gx = 1.0 - fx
-        gy = 1.0 - fy
-        v00 = tl.load(base + o00[:, :, None] + d3, mask=m00[:, :, None] & dmask, other=0.0)
-        v01 = tl.load(base + o01[:, :, None] + d3, mask=m01[:, :, None] & dmask, other=0.0)
-        v10 = tl.load(base + o10[:, :, None] + d3, mask=m10[:, :, None] & dmask, other=0.0)
-        v11 = tl.load(base + o11[:, :, None] + d3, mask=m11[:, :, None] & dmask, other=0.0)
         acc += (
-            (a * gy * gx)[:, :, None] * v00.to(ACC)
-            + (a * gy * fx)[:, :, None] * v01.to(ACC)
-            + (a * fy * gx)[:, :, None] * v10.to(ACC)
-            + (a * fy * fx)[:, :, None] * v11.to(ACC)
+            (a * gy * gx)[:, :, None] * _corner_rows(base, o00, m00, d3, dmask, ACC)
+            + (a * gy * fx)[:, :, None] * _corner_rows(base, o01, m01, d3, dmask, ACC)
+            + (a * fy * gx)[:, :, None] * _corner_rows(base, o10, m10, d3, dmask, ACC)
+            + (a * fy * fx)[:, :, None] * _corner_rows(base, o11, m11, d3, dmask, ACC)
         )
-    o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
+    o = qh[:, None] * HEAD_DIM + d[None, :]
     tl.store(out + o, tl.sum(acc, axis=1), mask=qmask[:, None] & dm[None, :])
 
 
@@ -229,48 +244,35 @@ def msda_bwd_kernel(
     d, dm = _channels(HEAD_DIM, BLOCK_D)
     dmask = dm[None, None, :]
     d3 = d[None, None, :]
-    o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + d[None, :]
+    qh = row * NUM_HEADS + h
+    o = qh[:, None] * HEAD_DIM + d[None, :]
     g = tl.load(grad_out + o, mask=qmask[:, None] & dm[None, :], other=0.0)
     g = g.to(ACC)[:, None, :]
     start_offset = (b * num_keys * NUM_HEADS + h) * HEAD_DIM
     base = value + start_offset
     gbase = grad_value + start_offset
-    for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
-        s, smask, o00, o01, o10, o11, m00, m01, m10, m11, fx, fy, a, Hf, Wf = _samples(
+    ROW: tl.constexpr = NUM_HEADS * HEAD_DIM
+    SAMPLES: tl.constexpr = NUM_LEVELS * NUM_POINTS
+    for j0 in range(0, SAMPLES, BLOCK_S):
+        s, smask, o00, o01, o10, o11, m00, m01, m10, m11, fx, fy, gx, gy, a, Hf, Wf = _samples(
             shapes,
             starts,
             loc,
             attn,
-            row,
-            h,
+            qh,
             j0,
             qmask,
             num_keys,
-            NUM_HEADS,
-            HEAD_DIM,
-            NUM_LEVELS,
+            ROW,
+            SAMPLES,
             NUM_POINTS,
             BLOCK_S,
             ACC,
         )
-        gx = 1.0 - fx
-        gy = 1.0 - fy
-        o00 = o00[:, :, None] + d3
-        o01 = o01[:, :, None] + d3
-        o10 = o10[:, :, None] + d3
-        o11 = o11[:, :, None] + d3
-        m00 = m00[:, :, None] & dmask
-        m01 = m01[:, :, None] & dmask
-        m10 = m10[:, :, None] & dmask
-        m11 = m11[:, :, None] & dmask
-        dot00 = tl.sum(g * tl.load(base + o00, mask=m00, other=0.0).to(ACC), axis=2)
-        dot01 = tl.sum(g * tl.load(base + o01, mask=m01, other=0.0).to(ACC), axis=2)
-        dot10 = tl.sum(g * tl.load(base + o10, mask=m10, other=0.0).to(ACC), axis=2)
-        dot11 = tl.sum(g * tl.load(base + o11, mask=m11, other=0.0).to(ACC), axis=2)
-        tl.atomic_add(gbase + o00, (a * gy * gx)[:, :, None] * g, mask=m00, sem="relaxed")
-        tl.atomic_add(gbase + o01, (a * gy * fx)[:, :, None] * g, mask=m01, sem="relaxed")
-        tl.atomic_add(gbase + o10, (a * fy * gx)[:, :, None] * g, mask=m10, sem="relaxed")
-        tl.atomic_add(gbase + o11, (a * fy * fx)[:, :, None] * g, mask=m11, sem="relaxed")
+        dot00 = _scatter_dot(base, gbase, g, o00, m00, a * gy * gx, d3, dmask, ACC)
+        dot01 = _scatter_dot(base, gbase, g, o01, m01, a * gy * fx, d3, dmask, ACC)
+        dot10 = _scatter_dot(base, gbase, g, o10, m10, a * fy * gx, d3, dmask, ACC)
+        dot11 = _scatter_dot(base, gbase, g, o11, m11, a * fy * fx, d3, dmask, ACC)
         g_attn = gy * (gx * dot00 + fx * dot01) + fy * (gx * dot10 + fx * dot11)
         g_x = gy * (dot01 - dot00) + fy * (dot11 - dot10)
         g_y = gx * (dot10 - dot00) + fx * (dot11 - dot01)

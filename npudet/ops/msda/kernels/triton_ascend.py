@@ -1,6 +1,6 @@
 """Ascend-shaped Triton MSDA kernels (triton-ascend): persistent programs, row gathers, row atomics.
 
-Same math as ``triton_kernels.py`` (``grid_sample(bilinear, zeros, align_corners=False)``),
+Same math as ``triton.py`` (``grid_sample(bilinear, zeros, align_corners=False)``),
 scheduled for Ascend AI vector cores, whose compiler (triton-ascend 3.2) lowers a Triton tile
 op by op into Linalg and then into UB (on-chip buffer) copies:
 
@@ -180,6 +180,19 @@ def _corners(
 
 
 @triton.jit
+def _bilinear(m00, m01, m10, m11, a, fx, fy):
+    """(1 - fx, 1 - fy, and the weight of each corner row: attention x bilinear, 0 where
+    the corner's mask is off), each (BLOCK_Q, BLOCK_S)."""
+    gx = 1.0 - fx
+    gy = 1.0 - fy
+    w00 = tl.where(m00, a * gy * gx, 0.0)
+    w01 = tl.where(m01, a * gy * fx, 0.0)
+    w10 = tl.where(m10, a * fy * gx, 0.0)
+    w11 = tl.where(m11, a * fy * fx, 0.0)
+    return gx, gy, w00, w01, w10, w11
+
+
+@triton.jit
 def _blend(value, o00, o01, o10, o11, w00, w01, w10, w11, D0: tl.constexpr, DWIN: tl.constexpr):
     """(BLOCK_Q, DWIN) sum over samples of the weighted corner rows, channels D0 .. D0 + DWIN."""
     d = (D0 + tl.arange(0, DWIN))[None, None, :]
@@ -317,12 +330,7 @@ def msda_fwd_kernel(
                 NUM_POINTS,
                 BLOCK_S,
             )
-            gx = 1.0 - fx
-            gy = 1.0 - fy
-            w00 = tl.where(m00, a * gy * gx, 0.0)
-            w01 = tl.where(m01, a * gy * fx, 0.0)
-            w10 = tl.where(m10, a * fy * gx, 0.0)
-            w11 = tl.where(m11, a * fy * fx, 0.0)
+            _, _, w00, w01, w10, w11 = _bilinear(m00, m01, m10, m11, a, fx, fy)
             if DWIN > HEAD_DIM:  # short rows: acc0 / acc1 sum windows at / before their rows
                 acc0, acc1 = _blend_short(value, numel, o00, w00, acc0, acc1, HEAD_DIM, DWIN)
                 acc0, acc1 = _blend_short(value, numel, o01, w01, acc0, acc1, HEAD_DIM, DWIN)
@@ -407,12 +415,7 @@ def msda_bwd_kernel(
                 NUM_POINTS,
                 BLOCK_S,
             )
-            gx = 1.0 - fx
-            gy = 1.0 - fy
-            w00 = tl.where(m00, a * gy * gx, 0.0)
-            w01 = tl.where(m01, a * gy * fx, 0.0)
-            w10 = tl.where(m10, a * fy * gx, 0.0)
-            w11 = tl.where(m11, a * fy * fx, 0.0)
+            gx, gy, w00, w01, w10, w11 = _bilinear(m00, m01, m10, m11, a, fx, fy)
             if DWIN > HEAD_DIM:
                 dot00 = _scatter_dot_short(
                     grad_value, value, numel, g0, g1, o00, w00, HEAD_DIM, DWIN

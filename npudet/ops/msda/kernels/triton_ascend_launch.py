@@ -1,4 +1,4 @@
-"""``ascend`` launch plans for ``triton_ascend_kernels.py``: one program per AI vector core.
+"""``ascend`` launch plans for ``triton_ascend.py``: one program per AI vector core.
 
 Registered as the ``ascend`` schedule of ``triton_launch.py`` (npu tensors, or any tensors
 with ``NPUDET_TRITON_SCHEDULE=ascend``). The grid is ``(min(work items, cores), 1, 1)``,
@@ -85,7 +85,7 @@ def window(head_dim: int, dtype_name: str = "float32", numel: int = 2**31) -> in
     non-power-of-two head_dim is covered by two overlapping windows, so no row copy reads past
     its row). Shorter rows: one 32-byte window (DWIN > head_dim), when ``value`` holds at least
     two such windows; else head_dim's exact windows (element copies, for tiny tensors only).
-    See ``triton_ascend_kernels.py``.
+    See ``triton_ascend.py``.
     """
     short = MIN_ROW_BYTES // _ELEMENT_BYTES[dtype_name]
     if head_dim < short and numel >= 2 * short:

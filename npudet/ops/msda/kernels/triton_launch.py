@@ -5,7 +5,7 @@ and the compile checks (``kernel_compile.py``, ``tools/compile_kernels.py``) rea
 the checks compile exactly what runs. Nothing here needs torch, triton or a device.
 
 A schedule is a planner ``(dtype_name, shape, index_dtype) -> {"fwd": ..., "bwd": ...}``:
-``"cuda"`` (``triton_kernels.py``: many small programs, masked gathers, atomics) lives
+``"cuda"`` (``triton.py``: many small programs, masked gathers, atomics) lives
 here; other schedules register themselves with :func:`register_schedule` from a module
 named ``triton_<schedule>_launch`` in this package, imported on first use (``"ascend"``).
 
@@ -192,7 +192,7 @@ _MAX_BLOCK_Q = 64
 
 
 def _cuda_plan(dtype_name: str, shape: MSDAShape, index_dtype: str) -> Dict[str, KernelLaunch]:
-    """``triton_kernels.py``: a program per (query block, head, batch), all on grid axis 0."""
+    """``triton.py``: a program per (query block, head, batch), all on grid axis 0."""
     f64 = dtype_name == "float64"
     ptr = pointer_type(dtype_name)
     acc_ptr = "*fp64" if f64 else "*fp32"
