@@ -66,12 +66,8 @@ class GridSampleImpl(MSDAImpl):
     # bitwise); on CUDA it adds atomically and torch itself refuses it in deterministic mode.
     DETERMINISTIC = ("cpu",)
 
-    def forward(
-        self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-    ):
-        return msda_grid_sample(
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-        )
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return msda_grid_sample(*tensors)
 
 
 register(GridSampleImpl())

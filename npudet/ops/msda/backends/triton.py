@@ -19,6 +19,7 @@ import sys
 from typing import Dict, List, Sequence, Tuple
 
 import torch
+from torch import Tensor
 
 from npudet.utils.packages import importable
 
@@ -148,15 +149,10 @@ def _device_guard(device: torch.device):
     return torch.get_device_module(device).device(device)
 
 
-def _forward(
-    value: torch.Tensor,
-    spatial_shapes: torch.Tensor,
-    level_start_index: torch.Tensor,
-    sampling_locations: torch.Tensor,
-    attention_weights: torch.Tensor,
-) -> torch.Tensor:
-    value, loc, attn = (t.contiguous() for t in (value, sampling_locations, attention_weights))
-    shapes, starts = _levels(spatial_shapes, level_start_index)
+def _forward(value: Tensor, shapes: Tensor, starts: Tensor, loc: Tensor, attn: Tensor) -> Tensor:
+    """The forward op's kernel: the op's five inputs -> (bs, num_queries, heads * D)."""
+    value, loc, attn = (t.contiguous() for t in (value, loc, attn))
+    shapes, starts = _levels(shapes, starts)
     out = empty_output(value, loc)
     fwd, _ = _launchers(value, shapes, loc)
     with _device_guard(value.device):
@@ -281,12 +277,8 @@ class TritonImpl(MSDAImpl):
             reasons.append("float64 on npu: triton-ascend has no float64 arithmetic")
         return reasons
 
-    def forward(
-        self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-    ):
-        return msda_triton(
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-        )
+    def forward(self, *tensors: Tensor) -> Tensor:
+        return msda_triton(*tensors)
 
     def bind(self, inputs: MSDAInputs) -> Kernel:
         return msda_triton
