@@ -9,12 +9,8 @@ always runs on the CPU. Every (implementation, device) pair a test runs is recor
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import random
-import sys
-import types
-from pathlib import Path
 from typing import List, Sequence, Set, Tuple
 from unittest import mock
 
@@ -81,16 +77,6 @@ def random_inputs(**case: object) -> Inputs:
     from npudet.ops.msda.checks.parity import small_inputs
 
     return small_inputs(**{"dtype": torch.float32, **case})
-
-
-def load_tool(name: str) -> types.ModuleType:
-    """``tools/<name>.py`` as a module (the tools are scripts, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"npudet_tool_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def to_device(inputs: Sequence, device: str = DEVICE) -> tuple:

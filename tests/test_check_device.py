@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -10,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from msda_util import load_tool
 
 from npudet.ops.msda import MSDAImpl, get_impl
+from npudet.ops.msda.bench import device_check
 from npudet.ops.msda.checks import parity, records
 from npudet.ops.msda.registry import _REGISTRY
 from npudet.utils.device import device_name
 
 ROOT = Path(__file__).resolve().parents[1]
-check_device = load_tool("check_device")
+TOOL = ROOT / "tools" / "check_device.py"
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +178,12 @@ def test_an_implementation_that_declines_every_case_is_declined_not_correct(monk
     )
 
 
-def test_unavailable_device_is_refused_with_its_reason(capsys):
-    with pytest.raises(SystemExit):
-        check_device.parse_args(["--device", "tpu"])
-    assert "--device tpu: device unavailable: expected cpu, cuda or npu" in capsys.readouterr().err
+def test_unavailable_device_is_refused_with_its_reason():
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "--device", "tpu"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "--device tpu: device unavailable: expected cpu, cuda or npu" in done.stderr
 
 
 def test_verdicts_rank_only_correct_timed_implementations():
@@ -194,7 +197,7 @@ def test_verdicts_rank_only_correct_timed_implementations():
     ]
     rows = [("a", 4.0), ("b", 1.0), ("c", 2.0), ("grid_sample", 20.0)]
     bench = {"cases": ["k"], "rows": [{"case": "k", "impl": i, "fwd_bwd_ms": t} for i, t in rows]}
-    verdict = check_device.verdicts(parity_rows, bench)
+    verdict = device_check.verdicts(parity_rows, bench)
     assert verdict["recommended_auto_order"] == ["c", "a", "grid_sample"]
     table = {(r["impl"], r["dtype"]): r for r in verdict["table"]}
     assert ("d", "float32") not in table
@@ -204,11 +207,11 @@ def test_verdicts_rank_only_correct_timed_implementations():
 
 def test_a_child_that_dies_is_reported_with_its_error():
     """--isolate: a child process that fails is an error entry, the parent goes on."""
-    args = check_device.parse_args(["--device", "cpu", "--fast", "--isolate"])
-    part = check_device._child(args, "parity", ["no_such_impl"])
+    args = argparse.Namespace(device="cpu", repeat=1, cases=device_check.FAST_CASES, fast=True)
+    part = device_check.child(TOOL, args, "parity", ["no_such_impl"])
     assert "exited with 1" in part["error"] and "no_such_impl" in part["error"]
 
 
 def test_compile_targets_follow_the_device():
-    assert check_device.compile_targets("cpu") is None  # the compile tool's own default set
-    assert check_device.compile_targets("npu") == ["ascend"]
+    assert device_check.compile_targets("cpu") is None  # the compile tool's own default set
+    assert device_check.compile_targets("npu") == ["ascend"]

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from msda_util import load_tool
 
 from npudet.gpu_kit import child, ddetr, report
 from npudet.gpu_kit import run as kit_run
@@ -26,7 +25,6 @@ from npudet.ops.msda.backends import mmcv_cuda_lib
 from npudet.ops.msda.bench.cases import CASES, LARGE_CASES, make_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
-gpu_kit = load_tool("gpu_kit")
 
 
 def _env() -> dict:
@@ -254,7 +252,7 @@ def test_bundle_from_mmcv_sdist_fits_the_carry_limit(tmp_path):
     assert "ms_deform_attn_cuda_forward" in kernel and "ms_deform_attn_cuda_backward" in kernel
     size = mmcv_cuda_lib.folder_bytes(sources)
     assert 0 < size < 1 << 20
-    assert gpu_kit.travel_bytes([sources]) < gpu_kit.CARRY_LIMIT
+    assert kit_run.travel_bytes([sources]) < kit_run.CARRY_LIMIT
 
 
 def test_build_commands(tmp_path):

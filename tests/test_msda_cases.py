@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from msda_util import load_tool
 
 from npudet.ops.msda.bench.cases import CASES, LARGE_CASES, make_inputs, parse_case
+from npudet.ops.msda.bench.device_check import FAST_CASES, FULL_CASES
 from npudet.ops.msda.bench.harness import DEFAULT_CASES
-
-check_device = load_tool("check_device")
 
 
 @pytest.mark.parametrize("name", sorted(LARGE_CASES))
@@ -24,7 +22,7 @@ def test_large_case_is_named_and_consistent(name: str) -> None:
 
 def test_large_cases_stay_out_of_default_runs() -> None:
     defaults = [parse_case(s)[0].name for s in DEFAULT_CASES]
-    defaults += [parse_case(s)[0].name for s in check_device.FULL_CASES + check_device.FAST_CASES]
+    defaults += [parse_case(s)[0].name for s in FULL_CASES + FAST_CASES]
     assert not set(defaults) & set(LARGE_CASES)
     assert not set(CASES) & set(LARGE_CASES)
 

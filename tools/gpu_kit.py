@@ -14,31 +14,16 @@ under ``--out`` (default ``results/device``).
 from __future__ import annotations
 
 import argparse
-import subprocess
 from pathlib import Path
 from typing import List, Optional
 
 from npudet.gpu_kit import child
-from npudet.gpu_kit.run import run_kit
+from npudet.gpu_kit.run import CARRY_LIMIT, run_kit, travel_bytes
 from npudet.ops.msda.backends import mmcv_cuda_lib
 
 ROOT = Path(__file__).resolve().parents[1]
 
 BUNDLE = ROOT / ".gpu_kit"
-CARRY_LIMIT = 64 * 2**20  # bytes of working tree + carried paths a device run may take
-
-
-def travel_bytes(carry: List[Path]) -> int:
-    """Bytes a device run sends: tracked and untracked-not-ignored files, and ``carry``."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split("\0")
-    tree = sum((ROOT / f).stat().st_size for f in listed if f and (ROOT / f).is_file())
-    return tree + sum(mmcv_cuda_lib.folder_bytes(p) for p in carry)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -62,6 +62,22 @@ class Part:
 DEVICE_TESTS = ("tests/test_msda_int64.py", "tests/test_msda_graph_capture.py")
 
 
+CARRY_LIMIT = 64 * 2**20  # bytes of working tree + carried paths a device run may take
+
+
+def travel_bytes(carry: List[Path]) -> int:
+    """Bytes a device run sends: tracked and untracked-not-ignored files, and ``carry``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
+    tree = sum((ROOT / f).stat().st_size for f in listed if f and (ROOT / f).is_file())
+    return tree + sum(mmcv_cuda_lib.folder_bytes(p) for p in carry)
+
+
 def junit_summary(path: Path) -> dict:
     """pytest's JUnit XML -> {"passed": n, "skipped": n, "failed": [test ids with message]}."""
     import xml.etree.ElementTree as ET
