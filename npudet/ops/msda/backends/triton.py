@@ -211,15 +211,9 @@ register_fake_kernels(_LIB, "npudet::msda_triton_forward", "npudet::msda_triton_
 
 class _MSDATriton(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-    ):
-        ctx.save_for_backward(
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-        )
-        return msda_triton_forward(
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-        )
+    def forward(ctx, *tensors: Tensor) -> Tensor:
+        ctx.save_for_backward(*tensors)
+        return msda_triton_forward(*tensors)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -227,25 +221,15 @@ class _MSDATriton(torch.autograd.Function):
         return grad_value, None, None, grad_loc, grad_attn
 
 
-def msda_triton(
-    value: torch.Tensor,
-    spatial_shapes: torch.Tensor,
-    level_start_index: torch.Tensor,
-    sampling_locations: torch.Tensor,
-    attention_weights: torch.Tensor,
-) -> torch.Tensor:
-    """value (bs, keys, heads, D) -> (bs, num_queries, heads * D), differentiable w.r.t.
-    value, sampling_locations and attention_weights; a call that needs no gradient goes
-    straight to the forward op."""
-    if torch.is_grad_enabled() and (
-        value.requires_grad or sampling_locations.requires_grad or attention_weights.requires_grad
-    ):
-        return _MSDATriton.apply(
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-        )
-    return msda_triton_forward(
-        value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-    )
+def msda_triton(*tensors: Tensor) -> Tensor:
+    """The op's five inputs (value (bs, keys, heads, D), spatial_shapes, level_start_index,
+    sampling_locations, attention_weights) -> (bs, num_queries, heads * D), differentiable
+    w.r.t. value, sampling_locations and attention_weights; a call that needs no gradient
+    goes straight to the forward op."""
+    value, _, _, loc, attn = tensors
+    if torch.is_grad_enabled() and (value.requires_grad or loc.requires_grad or attn.requires_grad):
+        return _MSDATriton.apply(*tensors)
+    return msda_triton_forward(*tensors)
 
 
 class TritonImpl(MSDAImpl):
