@@ -87,7 +87,7 @@ _verdicts: Dict[Tuple[str, str, str], str] = {}
 _loaded: Dict[str, dict] = {}
 _orders: Dict[Tuple[str, str, Tuple[str, ...]], List[str]] = {}
 _stale_logged: set = set()
-_generation = [records.generation()]
+_generation = records.generation()
 
 
 def reset() -> None:
@@ -96,17 +96,18 @@ def reset() -> None:
 
     Fingerprints are kept: the sources and packages of a running process do not change.
     """
+    global _generation
     _verdicts.clear()
     _loaded.clear()
     _orders.clear()
     _stale_logged.clear()
-    _generation[0] = records.generation()
+    _generation = records.generation()
     call_plan.clear()  # the plans were decided on these verdicts
 
 
 def _current() -> None:
     """``reset`` if the record file was written since the cached answers were worked out."""
-    if _generation[0] != records.generation():
+    if _generation != records.generation():
         reset()
 
 

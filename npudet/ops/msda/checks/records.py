@@ -248,6 +248,7 @@ def save_records(
 
     A record without a ``key`` gets this process's ``fingerprint`` of its implementation.
     """
+    global _writes
     path = path or records_path()
     empty = {"version": FORMAT_VERSION, "devices": {}}
     data = empty if _older_format(path) else (load_records(path) or empty)
@@ -263,17 +264,17 @@ def save_records(
         entry["records"].setdefault(impl, {})[dtype] = fields
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_json_atomic(path, data)
-    _writes[0] += 1
+    _writes += 1
     call_plan.clear()  # the plans were decided on the records read before
     return path
 
 
-_writes = [0]
+_writes = 0
 
 
 def generation() -> int:
     """How many times this process wrote a record file: what was read before is stale."""
-    return _writes[0]
+    return _writes
 
 
 def recorded(
