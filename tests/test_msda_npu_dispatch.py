@@ -147,7 +147,7 @@ def test_auto_logs_its_choice_once(monkeypatch, caplog):
 
 
 def test_route_limits_match_the_shipped_packages():
-    """Pinned to what the wheels and CANN's documentation state (see ``npu_impl``'s docstring).
+    """Pinned to what the wheels and CANN's documentation state (see ``backends.npu``'s docstring).
 
     mx_driving 26.2.0.post2: op info float32 only; binding refuses head_dim > 256 and
     levels * points > 64; documented heads <= 8, head_dim % 8 == 0. mmcv >= 2.2: heads
