@@ -10,7 +10,7 @@ import torch
 from mmdet.structures import DetDataSample
 from mmengine.structures import InstanceData
 
-from npudet.models.bev import BEVFormer
+from npudet.bev.models import BEVFormer
 
 PC_RANGE = (-10.0, -10.0, -2.0, 10.0, 10.0, 2.0)
 IMG_HW = (32, 48)
@@ -19,7 +19,7 @@ IMG_HW = (32, 48)
 def tiny_bev_set(root: str) -> None:
     """A 1 + 1 scene, 4-frame built-in set under ``root``; 160x96 images keep the tools' tests
     quick (the model does not depend on the resolution)."""
-    from npudet.datasets.synthetic_bev import make_bev_dataset
+    from npudet.bev.infos.synthetic import make_bev_dataset
 
     make_bev_dataset(
         root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4, width=160, height=96

@@ -7,13 +7,13 @@ import torch
 from bev_util import IMG_HW, PC_RANGE, random_batch, ring_lidar2img, small_model
 from mmengine.structures import InstanceData
 
-from npudet.models.bev import BEVFormer, SpatialCrossAttention
-from npudet.models.bev.spatial_cross_attention import (
+from npudet.bev.models import BEVFormer, SpatialCrossAttention
+from npudet.bev.models.spatial_cross_attention import (
     bev_pillar_points,
     flatten_levels,
     project_to_cameras,
 )
-from npudet.models.bev.temporal_self_attention import (
+from npudet.bev.models.temporal_self_attention import (
     bev_reference_points,
     prev_reference_points,
 )
@@ -164,7 +164,7 @@ def test_bev_configs_build(name: str) -> None:
     cfg = Config.fromfile(os.path.join(root, "configs", "bev", name))
     assert cfg.model.type == "BEVFormer" and cfg.model.msda.impl == "auto"
     assert cfg.model.use_temporal is True and cfg.train_dataloader.dataset.queue_length >= 2
-    assert "npudet.models.bev" in cfg.custom_imports.imports
+    assert cfg.custom_imports.imports == ["npudet.plugin"]
     assert cfg.model.backbone.init_cfg is None  # nothing is downloaded
     assert cfg.val_evaluator.type == "BEVDetMetric"
     init_default_scope("mmdet")
@@ -198,7 +198,7 @@ def test_sca_test_geometry_is_mixed() -> None:
 
 
 def test_encoder_missing_prev_frame_uses_current_queries() -> None:
-    from npudet.models.bev import BEVFormerEncoder
+    from npudet.bev.models import BEVFormerEncoder
 
     torch.manual_seed(0)
     enc = BEVFormerEncoder(
@@ -246,7 +246,7 @@ def test_two_stage_losses_and_grads() -> None:
 
 def test_two_stage_queries_start_at_best_proposals() -> None:
     """With zero proposal deltas the decoder starts at the centres of the top-k cells."""
-    from npudet.models.bev import BEVDetrHead
+    from npudet.bev.models import BEVDetrHead
 
     torch.manual_seed(0)
     head = BEVDetrHead(
@@ -291,7 +291,7 @@ def _hungarian(code_weights):
 def test_bev_box_cost_weights_make_matching_geometric() -> None:
     """mmdet's HungarianAssigner with the BEV code cost: a heavy (u, v) weight matches by
     position, equal weights by size; a wrong number of weights is refused."""
-    from npudet.models.bev import BEVBoxL1Cost
+    from npudet.bev.models import BEVBoxL1Cost
 
     targets = torch.tensor([[0.2, 0.2] + [0.0] * 8, [0.8, 0.8] + [0.0] * 8])
     # query 0 sits on target 0 but has target 1's size; query 1 the other way round
@@ -313,7 +313,7 @@ def test_head_losses_are_mmdets_built_from_config() -> None:
     from mmdet.models.losses import FocalLoss, L1Loss
     from mmdet.models.task_modules import FocalLossCost, HungarianAssigner
 
-    from npudet.models.bev import BEVBoxL1Cost
+    from npudet.bev.models import BEVBoxL1Cost
 
     torch.manual_seed(0)
     model = small_model().eval()  # eval: batch norm statistics stay as they are between runs
@@ -346,7 +346,7 @@ def test_head_losses_are_mmdets_built_from_config() -> None:
 
 
 def test_head_refuses_bad_loss_and_train_cfg() -> None:
-    from npudet.models.bev import BEVDetrHead
+    from npudet.bev.models import BEVDetrHead
 
     kw = dict(num_classes=2, embed_dims=16, num_queries=4, num_layers=1, num_heads=2, ffn_dims=32)
     with pytest.raises(ValueError, match="loss_cls: the head scores classes by sigmoid"):

@@ -14,7 +14,7 @@ import torch
 from bev_util import random_batch, small_model, tiny_bev_set
 from plugin_util import ROOT, run_tool
 
-from npudet.models.bev import BEVFormer, BEVFormerEncoder
+from npudet.bev.models import BEVFormer, BEVFormerEncoder
 
 # 1 m cells on a grid 20 wide (x) and 16 tall (y): a row / column mix-up cannot pass
 PC_RANGE = (-10.0, -8.0, -2.0, 10.0, 8.0, 2.0)

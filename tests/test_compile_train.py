@@ -13,8 +13,8 @@ from mmengine.config import Config
 from plugin_util import SMALL_DETR, SMALL_DINO, build_model, fake_batch, run_tool, small_cfg
 from train_util import train_losses
 
-from npudet.engine.graph_breaks import MSDA_FILES, GraphBreakRecorder
 from npudet.hooks import compile_with_hook
+from npudet.hooks.graph_breaks import MSDA_FILES, GraphBreakRecorder
 from npudet.models.layers import deformable_layers
 
 CONFIGS = {"ddetr": SMALL_DETR, "dino": SMALL_DINO}

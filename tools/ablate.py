@@ -31,8 +31,7 @@ from mmengine.config import Config, DictAction
 from mmengine.runner import set_random_seed
 from mmengine.utils import import_modules_from_strings
 
-import npudet.engine  # noqa: F401  (checkpoint types)
-import npudet.models  # noqa: F401
+import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
 from npudet.ablation.report import (
     markdown_table,
     plot_loss_curves,

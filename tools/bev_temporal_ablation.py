@@ -12,7 +12,7 @@ its last epoch. The work dir (default ``work_dirs/temporal_ablation/CONFIG``) ge
 folder per run (mmengine's logs and checkpoints), ``temporal_ablation.md`` (mAP, NDS,
 mATE, mAVE, the predicted speeds of moving and static objects, median iteration time and
 wall time of both runs; also printed) and ``temporal_ablation.json``. The speeds come from
-``npudet.evaluation.bev_velocity`` on the validation set after training: mAVE rewards
+``npudet.bev.evaluation.velocity`` on the validation set after training: mAVE rewards
 predicting zero where most objects stand still, the split says whether a run perceives motion.
 """
 
@@ -31,10 +31,10 @@ from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-import npudet.engine  # noqa: F401  (hooks, checkpoint loading)
+import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
+from npudet.bev.evaluation.velocity import velocity_by_motion
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
 from npudet.engine.preflight import check_data, check_msda, dataset_cfgs
-from npudet.evaluation.bev_velocity import velocity_by_motion
 from npudet.hooks import launch_env_setup
 
 RUNS = ("temporal", "no_history")
@@ -148,7 +148,7 @@ def markdown(config_name: str, records: Dict[str, Dict]) -> str:
     )
     title = (
         f"{config_name}: validation after the last epoch, same seed and schedule; speeds of "
-        "the objects matched within 2 m (npudet.evaluation.bev_velocity)\n\n"
+        "the objects matched within 2 m (npudet.bev.evaluation.velocity)\n\n"
     )
     return title + head + "\n".join(rows) + "\n"
 

@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from npudet.datasets.nuscenes_infos import create_nuscenes_infos  # noqa: E402
+from npudet.bev.infos.nuscenes import create_nuscenes_infos  # noqa: E402
 
 
 def main(argv: list | None = None) -> int:

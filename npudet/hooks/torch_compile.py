@@ -24,7 +24,7 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
-from npudet.engine.graph_breaks import MSDA_FILES, GraphBreakRecorder
+from .graph_breaks import MSDA_FILES, GraphBreakRecorder
 
 
 def compile_forward(

@@ -1,6 +1,6 @@
 """BEV multi-camera dataset and transforms, registered in the mmdet registries.
 
-Use with ``custom_imports = dict(imports=['npudet.datasets.bev'])``.
+Use with ``custom_imports = dict(imports=['npudet.bev.datasets'])``.
 """
 
 from .dataset import BEVDataset

@@ -4,7 +4,7 @@ Six nuScenes-like cameras look out from an ego vehicle that drives forward with 
 Objects (car, truck, pedestrian) stand on the ground, some move; each camera image shows the
 boxes' visible faces (shaded, class-coloured, painter's order) over sky and a textured ground
 plane fixed in the global frame, so it moves with ego motion. Writes the ``npudet-bev-v2``
-info files described in :mod:`npudet.datasets.bev_info`: boxes (x, y, z, w, l, h, yaw, vx, vy)
+info files described in :mod:`npudet.bev.infos.schema`: boxes (x, y, z, w, l, h, yaw, vx, vy)
 in each frame's ego frame, velocity being the object's absolute velocity rotated into the ego
 frame (the nuScenes convention, not relative to the ego); boxes beyond 30 m are dropped. Each
 box's nuScenes attribute follows from its class and true speed (``attribute_from_velocity``:
@@ -22,9 +22,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
-from ..utils.json_io import write_json_atomic
-from .bev_info import VERSION
-from .nuscenes_attributes import attribute_from_velocity
+from npudet.utils.json_io import write_json_atomic
+
+from .attributes import attribute_from_velocity
+from .schema import VERSION
 
 CLASSES: Tuple[str, ...] = ("car", "truck", "pedestrian")
 # (name, yaw in degrees CCW from ego +x, pitch down in degrees)
