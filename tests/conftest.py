@@ -9,17 +9,16 @@ The run ends with a line listing which implementations ran on which device.
 from __future__ import annotations
 
 import os
-import sys
 from typing import List
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# pytest's default import mode (prepend) puts this folder on sys.path before it imports this
+# rootdir conftest, so the tests' helper modules (msda_util, bev_util, ...) import as is.
+from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED
 
-from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED  # noqa: E402
-
-from npudet.utils.environment import device_problem  # noqa: E402
+from npudet.utils.environment import device_problem
 
 # On the CPU without a GPU, Triton kernels run under its interpreter on CPU tensors. Set
 # before any kernel is decorated (npudet.ops.msda.triton_kernels is imported on first use);
