@@ -9,7 +9,6 @@ The run ends with a line listing which implementations ran on which device.
 from __future__ import annotations
 
 import os
-from typing import List
 
 import pytest
 import torch
@@ -61,19 +60,6 @@ def _fresh_call_plans():
     call_plan.clear()
     yield
     call_plan.clear()
-
-
-def data_options(root: str) -> List[str]:
-    """``--cfg-options`` pointing the small configs at a shapes set under ``root``."""
-    root = root.rstrip("/") + "/"
-    ann = os.path.join(root, "annotations", "instances_val.json")
-    return [
-        f"train_dataloader.dataset.data_root={root}",
-        f"val_dataloader.dataset.data_root={root}",
-        f"test_dataloader.dataset.data_root={root}",
-        f"val_evaluator.ann_file={ann}",
-        f"test_evaluator.ann_file={ann}",
-    ]
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bev_util import IMG_HW, PC_RANGE, random_batch, ring_lidar2img, small_model
+from bev_util import IMG_HW, PC_RANGE, random_batch, ring_lidar2img, small_model, tiny_encoder
 from mmengine.structures import InstanceData
 
 from npudet.bev.models import BEVFormer, SpatialCrossAttention
@@ -198,23 +198,8 @@ def test_sca_test_geometry_is_mixed() -> None:
 
 
 def test_encoder_missing_prev_frame_uses_current_queries() -> None:
-    from npudet.bev.models import BEVFormerEncoder
-
     torch.manual_seed(0)
-    enc = BEVFormerEncoder(
-        bev_h=4,
-        bev_w=5,
-        embed_dims=16,
-        num_layers=1,
-        num_heads=2,
-        num_cams=2,
-        sca_points=4,
-        tsa_points=2,
-        num_z=2,
-        pc_range=PC_RANGE,
-        ffn_dims=32,
-        dropout=0.0,
-    ).eval()
+    enc = tiny_encoder().eval()
     feats = [torch.randn(2, 2, 16, 8, 12)]
     l2i = ring_lidar2img(2)[None].repeat(2, 1, 1, 1)
     ego = torch.eye(4, dtype=torch.float64)[None].repeat(2, 1, 1)

@@ -25,6 +25,7 @@ from mmengine.model import is_model_wrapper
 from npudet.ops import multi_scale_deformable_attn
 from npudet.ops.msda.observe import MSDACall, add_observer, remove_observer, suspended
 
+from .hook_types import DataBatch, Outputs
 from .msda_capture import MSDACapture
 
 GRAD_INPUTS = ("value", "sampling_locations", "attention_weights")
@@ -147,11 +148,7 @@ class MSDAParityHook(Hook):
             add_observer(self.capture)
 
     def after_train_iter(
-        self,
-        runner: Any,
-        batch_idx: int,
-        data_batch: Optional[Any] = None,
-        outputs: Optional[dict] = None,
+        self, runner: Any, batch_idx: int, data_batch: DataBatch = None, outputs: Outputs = None
     ) -> None:
         if not self.every_n_train_iters(runner, self.interval):
             return

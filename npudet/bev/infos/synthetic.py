@@ -13,7 +13,6 @@ vehicle.moving / vehicle.parked for cars and trucks, pedestrian.moving / pedestr
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -22,7 +21,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
-from npudet.utils.json_io import write_json_atomic
+from npudet.utils.json_io import recorded_settings_match, write_json_atomic
 
 from .attributes import attribute_from_velocity
 from .schema import VERSION
@@ -410,10 +409,9 @@ def make_bev_dataset(
         meta=meta_file,
         written=False,
     )
-    if not force and os.path.isfile(meta_file):
-        with open(meta_file) as fh:
-            if json.load(fh) == settings and all(os.path.isfile(paths[s]) for s in SPLITS):
-                return paths
+    done = all(os.path.isfile(paths[s]) for s in SPLITS)
+    if not force and done and recorded_settings_match(meta_file, settings):
+        return paths
     os.makedirs(root, exist_ok=True)
     if os.path.isfile(meta_file):
         # our own set with other settings: drop it so no stale scenes are left behind
@@ -421,7 +419,6 @@ def make_bev_dataset(
         shutil.rmtree(os.path.join(root, "images"), ignore_errors=True)
     for split, count in zip(SPLITS, (num_scenes_train, num_scenes_val)):
         write_split(root, split, count, frames_per_scene, seed, width, height)
-    with open(meta_file, "w") as fh:
-        json.dump(settings, fh)
+    write_json_atomic(meta_file, settings)
     paths["written"] = True
     return paths
