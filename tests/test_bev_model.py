@@ -18,6 +18,9 @@ from npudet.bev.models.temporal_self_attention import (
     prev_reference_points,
 )
 
+# The head tests' one-layer head over 16 dims.
+TINY_HEAD = dict(num_classes=2, embed_dims=16, num_layers=1, num_heads=2, ffn_dims=32)
+
 
 def test_projection_sees_points_ahead() -> None:
     l2i = ring_lidar2img(2)[None]
@@ -234,17 +237,7 @@ def test_two_stage_queries_start_at_best_proposals() -> None:
     from npudet.bev.models import BEVDetrHead
 
     torch.manual_seed(0)
-    head = BEVDetrHead(
-        num_classes=2,
-        embed_dims=16,
-        num_queries=5,
-        num_layers=1,
-        num_heads=2,
-        ffn_dims=32,
-        bev_h=4,
-        bev_w=6,
-        two_stage=True,
-    )
+    head = BEVDetrHead(**TINY_HEAD, num_queries=5, bev_h=4, bev_w=6, two_stage=True)
     nn_init = torch.nn.init
     nn_init.zeros_(head.enc_reg.layers[1].weight)
     nn_init.zeros_(head.enc_reg.layers[1].bias)
@@ -333,7 +326,7 @@ def test_head_losses_are_mmdets_built_from_config() -> None:
 def test_head_refuses_bad_loss_and_train_cfg() -> None:
     from npudet.bev.models import BEVDetrHead
 
-    kw = dict(num_classes=2, embed_dims=16, num_queries=4, num_layers=1, num_heads=2, ffn_dims=32)
+    kw = dict(TINY_HEAD, num_queries=4)
     with pytest.raises(ValueError, match="loss_cls: the head scores classes by sigmoid"):
         BEVDetrHead(**kw, loss_cls=dict(type="CrossEntropyLoss", use_sigmoid=False))
     with pytest.raises(ValueError, match="train_cfg: expected an 'assigner'"):
