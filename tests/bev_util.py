@@ -10,16 +10,34 @@ import torch
 from mmdet.structures import DetDataSample
 from mmengine.structures import InstanceData
 
-from npudet.models.bev import BEVFormer
+from npudet.bev.models import BEVFormer, BEVFormerEncoder
 
 PC_RANGE = (-10.0, -10.0, -2.0, 10.0, 10.0, 2.0)
 IMG_HW = (32, 48)
+# What the BEV tests' encoders share: one layer over two cameras, no dropout.
+ENCODER = dict(
+    num_layers=1,
+    num_heads=2,
+    num_cams=2,
+    sca_points=4,
+    tsa_points=2,
+    num_z=2,
+    pc_range=PC_RANGE,
+    dropout=0.0,
+)
+
+
+def tiny_encoder(bev_hw=(4, 5), embed_dims: int = 16, **overrides) -> BEVFormerEncoder:
+    """A :data:`ENCODER` encoder over a ``bev_hw`` grid, its FFN twice ``embed_dims`` wide;
+    ``overrides`` replace any of those settings."""
+    settings = {**ENCODER, "ffn_dims": 2 * embed_dims, **overrides}
+    return BEVFormerEncoder(bev_h=bev_hw[0], bev_w=bev_hw[1], embed_dims=embed_dims, **settings)
 
 
 def tiny_bev_set(root: str) -> None:
     """A 1 + 1 scene, 4-frame built-in set under ``root``; 160x96 images keep the tools' tests
     quick (the model does not depend on the resolution)."""
-    from npudet.datasets.synthetic_bev import make_bev_dataset
+    from npudet.bev.infos.synthetic import make_bev_dataset
 
     make_bev_dataset(
         root, num_scenes_train=1, num_scenes_val=1, frames_per_scene=4, width=160, height=96
@@ -65,20 +83,15 @@ def small_model(
         ),
         neck=dict(type="FPN", in_channels=[128], out_channels=c, num_outs=1),
         encoder=dict(
+            ENCODER,
             type="BEVFormerEncoder",
             bev_h=bev_h,
             bev_w=bev_w,
             embed_dims=c,
-            num_layers=1,
             num_heads=4,
             num_levels=1,
             num_cams=num_cams,
-            sca_points=4,
-            tsa_points=2,
-            num_z=2,
-            pc_range=PC_RANGE,
             ffn_dims=64,
-            dropout=0.0,
         ),
         bbox_head=dict(
             type="BEVDetrHead",

@@ -9,17 +9,15 @@ The run ends with a line listing which implementations ran on which device.
 from __future__ import annotations
 
 import os
-import sys
-from typing import List
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# pytest's default import mode (prepend) puts this folder on sys.path before it imports this
+# rootdir conftest, so the tests' helper modules (msda_util, bev_util, ...) import as is.
+from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED
 
-from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED  # noqa: E402
-
-from npudet.utils.environment import device_problem  # noqa: E402
+from npudet.utils.environment import device_problem
 
 # On the CPU without a GPU, Triton kernels run under its interpreter on CPU tensors. Set
 # before any kernel is decorated (npudet.ops.msda.kernels.triton is imported on first use);
@@ -62,19 +60,6 @@ def _fresh_call_plans():
     call_plan.clear()
     yield
     call_plan.clear()
-
-
-def data_options(root: str) -> List[str]:
-    """``--cfg-options`` pointing the small configs at a shapes set under ``root``."""
-    root = root.rstrip("/") + "/"
-    ann = os.path.join(root, "annotations", "instances_val.json")
-    return [
-        f"train_dataloader.dataset.data_root={root}",
-        f"val_dataloader.dataset.data_root={root}",
-        f"test_dataloader.dataset.data_root={root}",
-        f"val_evaluator.ann_file={ann}",
-        f"test_evaluator.ann_file={ann}",
-    ]
 
 
 @pytest.fixture(scope="session")

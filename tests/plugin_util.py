@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from mmengine.config import Config
@@ -69,4 +69,38 @@ def run_tool(
         capture_output=True,
         text=True,
         timeout=timeout,
+    )
+
+
+def data_options(root: str) -> List[str]:
+    """``--cfg-options`` pointing the small configs at a shapes set under ``root``."""
+    root = root.rstrip("/") + "/"
+    ann = os.path.join(root, "annotations", "instances_val.json")
+    return [
+        f"train_dataloader.dataset.data_root={root}",
+        f"val_dataloader.dataset.data_root={root}",
+        f"test_dataloader.dataset.data_root={root}",
+        f"val_evaluator.ann_file={ann}",
+        f"test_evaluator.ann_file={ann}",
+    ]
+
+
+def train_tool(
+    data_root: str, work: str, *args: str, options: Sequence[str] = ()
+) -> subprocess.CompletedProcess:
+    """``tools/train.py`` on the small Deformable DETR for one epoch on the shapes set at
+    ``data_root``, logging every iteration, into ``work``; ``args`` (e.g. ``--amp``) go before
+    ``--cfg-options``, ``options`` after the data roots."""
+    cfg_options = [*data_options(data_root), "train_cfg.max_epochs=1", *options]
+    return run_tool(
+        [
+            "tools/train.py",
+            SMALL_DETR,
+            *args,
+            "--work-dir",
+            str(work),
+            "--cfg-options",
+            *cfg_options,
+            "default_hooks.logger.interval=1",
+        ]
     )

@@ -15,23 +15,31 @@ from npudet.ablation.variants import Variant, parse_variants
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def test_ablate_two_impls_three_iters(tiny_shapes, tmp_path):
-    work = tmp_path / "ablate"
-    proc = run_tool(
+def ablate_tool(config: str, impls: str, iters: int, work, data_option: str, *args: str):
+    """``tools/ablate.py`` on ``config`` for ``iters`` iterations (1 warm-up) into ``work``."""
+    return run_tool(
         [
             "tools/ablate.py",
-            SMALL_DETR,
+            config,
             "--impls",
-            "grid_sample,cpu",
+            impls,
             "--iters",
-            "3",
+            str(iters),
             "--warmup",
             "1",
+            *args,
             "--work-dir",
             str(work),
             "--cfg-options",
-            f"train_dataloader.dataset.data_root={tiny_shapes}/",
+            data_option,
         ]
+    )
+
+
+def test_ablate_two_impls_three_iters(tiny_shapes, tmp_path):
+    work = tmp_path / "ablate"
+    proc = ablate_tool(
+        SMALL_DETR, "grid_sample,cpu", 3, work, f"train_dataloader.dataset.data_root={tiny_shapes}/"
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in ("ablation.md", "ablation.csv", "loss_curves.png", "iter_time_split.png"):
@@ -68,21 +76,12 @@ def test_ablate_bev_config(tmp_path):
     data_root = f"{tmp_path}/bev/"
     tiny_bev_set(data_root)
     work = tmp_path / "ablate"
-    proc = run_tool(
-        [
-            "tools/ablate.py",
-            f"{ROOT}/configs/bev/bev-small_r18_synthetic.py",
-            "--impls",
-            "grid_sample,cpu",
-            "--iters",
-            "2",
-            "--warmup",
-            "1",
-            "--work-dir",
-            str(work),
-            "--cfg-options",
-            f"train_dataloader.dataset.data_root={data_root}",
-        ]
+    proc = ablate_tool(
+        f"{ROOT}/configs/bev/bev-small_r18_synthetic.py",
+        "grid_sample,cpu",
+        2,
+        work,
+        f"train_dataloader.dataset.data_root={data_root}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(work / "ablation.csv") as f:
@@ -159,23 +158,14 @@ def test_ablate_compiled_column(tiny_shapes, tmp_path):
     """``--compile``: each variant also runs with its forward compiled (aot_eager here:
     the inductor path is tests/test_compile_train.py's), same losses, breaks counted."""
     work = tmp_path / "ablate"
-    proc = run_tool(
-        [
-            "tools/ablate.py",
-            SMALL_DETR,
-            "--impls",
-            "cpu",
-            "--iters",
-            "3",
-            "--warmup",
-            "1",
-            "--compile",
-            "aot_eager",
-            "--work-dir",
-            str(work),
-            "--cfg-options",
-            f"train_dataloader.dataset.data_root={tiny_shapes}/",
-        ]
+    proc = ablate_tool(
+        SMALL_DETR,
+        "cpu",
+        3,
+        work,
+        f"train_dataloader.dataset.data_root={tiny_shapes}/",
+        "--compile",
+        "aot_eager",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(work / "ablation.csv") as f:

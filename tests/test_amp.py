@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import data_options
-from plugin_util import SMALL_DETR, run_tool, small_cfg
+from plugin_util import SMALL_DETR, run_tool, small_cfg, train_tool
 from train_util import train_losses
 
 from npudet.engine.amp import CPUAmpOptimWrapper, amp_optim_wrapper
@@ -107,21 +106,7 @@ def test_train_tool_amp_on_cpu(tiny_shapes, tmp_path):
     """``tools/train.py --amp`` on CPU: mmengine's AmpOptimWrapper would stop with "only
     available training on gpu, npu, mlu or musa"; npudet's bfloat16 wrapper trains."""
     work = tmp_path / "amp"
-    proc = run_tool(
-        [
-            "tools/train.py",
-            SMALL_DETR,
-            "--amp",
-            "--msda-impl",
-            "cpu",
-            "--work-dir",
-            str(work),
-            "--cfg-options",
-            *data_options(tiny_shapes),
-            "train_cfg.max_epochs=1",
-            "default_hooks.logger.interval=1",
-        ]
-    )
+    proc = train_tool(tiny_shapes, work, "--amp", "--msda-impl", "cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     dumped = (work / "deformable-detr-refine-twostage_r18-tiny_shapes.py").read_text()
     assert "CPUAmpOptimWrapper" in dumped and "bfloat16" in dumped

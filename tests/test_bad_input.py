@@ -10,8 +10,7 @@ from typing import List
 
 import pytest
 import torch
-from conftest import data_options
-from plugin_util import ROOT, SMALL_DETR
+from plugin_util import ROOT, SMALL_DETR, data_options
 
 
 def _run(tool: str, args: List[str], monkeypatch, capsys) -> str:

@@ -12,8 +12,8 @@ import cv2
 import numpy as np
 import pytest
 
-from npudet.datasets.bev_info import VERSION, lidar2img, load_bev_info
-from npudet.datasets.synthetic_bev import (
+from npudet.bev.infos.schema import VERSION, lidar2img, load_bev_info
+from npudet.bev.infos.synthetic import (
     CAMERA_NAMES,
     CLASS_COLOURS,
     CLASSES,
@@ -179,7 +179,7 @@ def _dataset(root: str, queue_length: int = 3, scale=None, **kw):
     from mmdet.registry import DATASETS
     from mmengine.registry import init_default_scope
 
-    import npudet.datasets.bev  # noqa: F401  (registers)
+    import npudet.bev.datasets  # noqa: F401  (registers)
 
     init_default_scope("mmdet")  # as configs do with default_scope = 'mmdet'
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from bev_util import PC_RANGE, random_batch, small_model
 
-from npudet.models.bev import HistoryVelocity
-from npudet.models.bev.temporal_self_attention import bev_reference_points
+from npudet.bev.models import HistoryVelocity
+from npudet.bev.models.temporal_self_attention import bev_reference_points
 
 BEV_HW = (20, 20)  # 1 m cells over PC_RANGE's 20 m
 

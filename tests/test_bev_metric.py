@@ -8,8 +8,8 @@ from typing import List, Sequence
 import numpy as np
 import pytest
 
-from npudet.datasets.nuscenes_attributes import attribute_from_velocity
-from npudet.evaluation import TP_METRICS, BEVDetMetric, evaluate_center_distance, nd_score
+from npudet.bev.evaluation import TP_METRICS, BEVDetMetric, evaluate_center_distance, nd_score
+from npudet.bev.infos.attributes import attribute_from_velocity
 
 THS = (0.5, 1.0, 2.0, 4.0)
 TP_KEYS = ("mATE", "mASE", "mAOE", "mAVE", "mAAE")

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bev_util import IMG_HW, PC_RANGE, random_batch, ring_lidar2img, small_model
+from bev_util import IMG_HW, PC_RANGE, random_batch, ring_lidar2img, small_model, tiny_encoder
 from mmengine.structures import InstanceData
 
-from npudet.models.bev import BEVFormer, SpatialCrossAttention
-from npudet.models.bev.spatial_cross_attention import (
+from npudet.bev.models import BEVFormer, SpatialCrossAttention
+from npudet.bev.models.spatial_cross_attention import (
     bev_pillar_points,
     flatten_levels,
     project_to_cameras,
 )
-from npudet.models.bev.temporal_self_attention import (
+from npudet.bev.models.temporal_self_attention import (
     bev_reference_points,
     prev_reference_points,
 )
+
+# The head tests' one-layer head over 16 dims.
+TINY_HEAD = dict(num_classes=2, embed_dims=16, num_layers=1, num_heads=2, ffn_dims=32)
 
 
 def test_projection_sees_points_ahead() -> None:
@@ -164,7 +167,7 @@ def test_bev_configs_build(name: str) -> None:
     cfg = Config.fromfile(os.path.join(root, "configs", "bev", name))
     assert cfg.model.type == "BEVFormer" and cfg.model.msda.impl == "auto"
     assert cfg.model.use_temporal is True and cfg.train_dataloader.dataset.queue_length >= 2
-    assert "npudet.models.bev" in cfg.custom_imports.imports
+    assert cfg.custom_imports.imports == ["npudet.plugin"]
     assert cfg.model.backbone.init_cfg is None  # nothing is downloaded
     assert cfg.val_evaluator.type == "BEVDetMetric"
     init_default_scope("mmdet")
@@ -198,23 +201,8 @@ def test_sca_test_geometry_is_mixed() -> None:
 
 
 def test_encoder_missing_prev_frame_uses_current_queries() -> None:
-    from npudet.models.bev import BEVFormerEncoder
-
     torch.manual_seed(0)
-    enc = BEVFormerEncoder(
-        bev_h=4,
-        bev_w=5,
-        embed_dims=16,
-        num_layers=1,
-        num_heads=2,
-        num_cams=2,
-        sca_points=4,
-        tsa_points=2,
-        num_z=2,
-        pc_range=PC_RANGE,
-        ffn_dims=32,
-        dropout=0.0,
-    ).eval()
+    enc = tiny_encoder().eval()
     feats = [torch.randn(2, 2, 16, 8, 12)]
     l2i = ring_lidar2img(2)[None].repeat(2, 1, 1, 1)
     ego = torch.eye(4, dtype=torch.float64)[None].repeat(2, 1, 1)
@@ -246,20 +234,10 @@ def test_two_stage_losses_and_grads() -> None:
 
 def test_two_stage_queries_start_at_best_proposals() -> None:
     """With zero proposal deltas the decoder starts at the centres of the top-k cells."""
-    from npudet.models.bev import BEVDetrHead
+    from npudet.bev.models import BEVDetrHead
 
     torch.manual_seed(0)
-    head = BEVDetrHead(
-        num_classes=2,
-        embed_dims=16,
-        num_queries=5,
-        num_layers=1,
-        num_heads=2,
-        ffn_dims=32,
-        bev_h=4,
-        bev_w=6,
-        two_stage=True,
-    )
+    head = BEVDetrHead(**TINY_HEAD, num_queries=5, bev_h=4, bev_w=6, two_stage=True)
     nn_init = torch.nn.init
     nn_init.zeros_(head.enc_reg.layers[1].weight)
     nn_init.zeros_(head.enc_reg.layers[1].bias)
@@ -291,7 +269,7 @@ def _hungarian(code_weights):
 def test_bev_box_cost_weights_make_matching_geometric() -> None:
     """mmdet's HungarianAssigner with the BEV code cost: a heavy (u, v) weight matches by
     position, equal weights by size; a wrong number of weights is refused."""
-    from npudet.models.bev import BEVBoxL1Cost
+    from npudet.bev.models import BEVBoxL1Cost
 
     targets = torch.tensor([[0.2, 0.2] + [0.0] * 8, [0.8, 0.8] + [0.0] * 8])
     # query 0 sits on target 0 but has target 1's size; query 1 the other way round
@@ -313,7 +291,7 @@ def test_head_losses_are_mmdets_built_from_config() -> None:
     from mmdet.models.losses import FocalLoss, L1Loss
     from mmdet.models.task_modules import FocalLossCost, HungarianAssigner
 
-    from npudet.models.bev import BEVBoxL1Cost
+    from npudet.bev.models import BEVBoxL1Cost
 
     torch.manual_seed(0)
     model = small_model().eval()  # eval: batch norm statistics stay as they are between runs
@@ -346,9 +324,9 @@ def test_head_losses_are_mmdets_built_from_config() -> None:
 
 
 def test_head_refuses_bad_loss_and_train_cfg() -> None:
-    from npudet.models.bev import BEVDetrHead
+    from npudet.bev.models import BEVDetrHead
 
-    kw = dict(num_classes=2, embed_dims=16, num_queries=4, num_layers=1, num_heads=2, ffn_dims=32)
+    kw = dict(TINY_HEAD, num_queries=4)
     with pytest.raises(ValueError, match="loss_cls: the head scores classes by sigmoid"):
         BEVDetrHead(**kw, loss_cls=dict(type="CrossEntropyLoss", use_sigmoid=False))
     with pytest.raises(ValueError, match="train_cfg: expected an 'assigner'"):

@@ -11,10 +11,10 @@ import os
 import numpy as np
 import pytest
 import torch
-from bev_util import random_batch, small_model, tiny_bev_set
+from bev_util import random_batch, small_model, tiny_bev_set, tiny_encoder
 from plugin_util import ROOT, run_tool
 
-from npudet.models.bev import BEVFormer, BEVFormerEncoder
+from npudet.bev.models import BEVFormer
 
 # 1 m cells on a grid 20 wide (x) and 16 tall (y): a row / column mix-up cannot pass
 PC_RANGE = (-10.0, -8.0, -2.0, 10.0, 8.0, 2.0)
@@ -45,20 +45,8 @@ def align(prev_map: torch.Tensor, ego_cur: torch.Tensor, ego_prev: torch.Tensor)
     points) and the TSA layer's sampling, with zero learned offsets, a single point and
     identity projections, so the layer returns exactly what it sampled."""
     c = prev_map.shape[-1]
-    enc = BEVFormerEncoder(
-        bev_h=BEV_H,
-        bev_w=BEV_W,
-        embed_dims=c,
-        num_layers=1,
-        num_heads=1,
-        num_cams=1,
-        sca_points=1,
-        tsa_points=1,
-        num_z=1,
-        pc_range=PC_RANGE,
-        ffn_dims=c,
-        dropout=0.0,
-    ).eval()
+    one = dict(num_heads=1, num_cams=1, sca_points=1, tsa_points=1, num_z=1)
+    enc = tiny_encoder((BEV_H, BEV_W), c, pc_range=PC_RANGE, ffn_dims=c, **one).eval()
     tsa = enc.layers[0].tsa
     with torch.no_grad():
         for linear in (tsa.sampling_offsets, tsa.attention_weights):

@@ -30,7 +30,7 @@ def untrained_metrics(data_root: str, work_dir: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.timeout(3000)
 def test_small_bev_beats_untrained(tmp_path) -> None:
-    from npudet.datasets.synthetic_bev import make_bev_dataset
+    from npudet.bev.infos.synthetic import make_bev_dataset
 
     data_root = str(tmp_path / "bev_synth") + "/"
     make_bev_dataset(data_root)

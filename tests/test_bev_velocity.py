@@ -1,4 +1,4 @@
-"""The moving / static split of a BEV detector's velocity (npudet.evaluation.bev_velocity)."""
+"""The moving / static split of a BEV detector's velocity (npudet.bev.evaluation.velocity)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from npudet.evaluation.bev_velocity import velocity_by_motion
+from npudet.bev.evaluation.velocity import velocity_by_motion
 
 
 def _box(x: float, y: float, vx: float, vy: float) -> list:

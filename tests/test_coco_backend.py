@@ -146,4 +146,4 @@ def test_small_configs_evaluate_with_the_auto_backend() -> None:
     cfg = Config.fromfile(SMALL_DETR)
     for evaluator in (cfg.val_evaluator, cfg.test_evaluator):
         assert evaluator.type == "FastCocoMetric" and evaluator.backend == "auto"
-    assert "npudet.evaluation" in cfg.custom_imports.imports
+    assert cfg.custom_imports.imports == ["npudet.plugin"]

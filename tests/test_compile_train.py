@@ -8,13 +8,19 @@ import json
 
 import pytest
 import torch
-from conftest import data_options
 from mmengine.config import Config
-from plugin_util import SMALL_DETR, SMALL_DINO, build_model, fake_batch, run_tool, small_cfg
+from plugin_util import (
+    SMALL_DETR,
+    SMALL_DINO,
+    build_model,
+    fake_batch,
+    small_cfg,
+    train_tool,
+)
 from train_util import train_losses
 
-from npudet.engine.graph_breaks import MSDA_FILES, GraphBreakRecorder
 from npudet.hooks import compile_with_hook
+from npudet.hooks.graph_breaks import MSDA_FILES, GraphBreakRecorder
 from npudet.models.layers import deformable_layers
 
 CONFIGS = {"ddetr": SMALL_DETR, "dino": SMALL_DINO}
@@ -97,21 +103,13 @@ def test_train_tool_compile(tiny_shapes, tmp_path):
     """``tools/train.py --compile``: trains an epoch with the forward compiled, evaluates,
     saves a checkpoint and writes graph_breaks.json (none inside the MSDA op / layers)."""
     work = tmp_path / "compiled"
-    proc = run_tool(
-        [
-            "tools/train.py",
-            SMALL_DETR,
-            "--compile",
-            "--msda-impl",
-            "cpu",
-            "--work-dir",
-            str(work),
-            "--cfg-options",
-            *data_options(tiny_shapes),
-            "train_cfg.max_epochs=1",
-            "train_dataloader.batch_size=2",
-            "default_hooks.logger.interval=1",
-        ]
+    proc = train_tool(
+        tiny_shapes,
+        work,
+        "--compile",
+        "--msda-impl",
+        "cpu",
+        options=["train_dataloader.batch_size=2"],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (report_path,) = work.glob("*/graph_breaks.json")

@@ -20,7 +20,7 @@ def test_config_parses_with_msda_key(path: str) -> None:
     cfg = Config.fromfile(path)
     assert cfg.model.type in ("DeformableDETR", "DINO", "BEVFormer")
     assert cfg.model.msda.impl == "auto"
-    assert "npudet.models" in cfg.custom_imports.imports
+    assert cfg.custom_imports.imports == ["npudet.plugin"]
     assert cfg.model.backbone.init_cfg is None  # nothing is downloaded
 
 

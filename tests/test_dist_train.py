@@ -6,8 +6,7 @@ import os
 import socket
 import subprocess
 
-from conftest import data_options
-from plugin_util import ROOT, SMALL_DETR
+from plugin_util import ROOT, SMALL_DETR, data_options
 
 
 def _free_port() -> int:

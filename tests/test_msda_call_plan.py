@@ -11,9 +11,8 @@ import warnings
 
 import pytest
 import torch
-from conftest import data_options
 from msda_util import random_inputs
-from plugin_util import SMALL_DETR, run_tool
+from plugin_util import SMALL_DETR, data_options, run_tool
 
 import npudet.ops.msda.api as api
 from npudet.ops import multi_scale_deformable_attn, prepare

@@ -14,13 +14,13 @@ from typing import Any, Dict, List
 import cv2
 import numpy as np
 import pytest
+from nuscenes_fixture import make_nuscenes_fixture
 
-from npudet.datasets.bev_info import lidar2img, load_bev_info
-from npudet.datasets.nuscenes_attributes import ATTRIBUTE_NAMES, attribute_from_velocity
-from npudet.datasets.nuscenes_fixture import make_nuscenes_fixture
-from npudet.datasets.nuscenes_infos import DETECTION_CLASSES, create_nuscenes_infos
-from npudet.evaluation import TP_METRICS, BEVDetMetric
-from npudet.evaluation.center_distance import evaluate_center_distance
+from npudet.bev.evaluation import TP_METRICS, BEVDetMetric
+from npudet.bev.evaluation.center_distance import evaluate_center_distance
+from npudet.bev.infos.attributes import ATTRIBUTE_NAMES, attribute_from_velocity
+from npudet.bev.infos.nuscenes import DETECTION_CLASSES, create_nuscenes_infos
+from npudet.bev.infos.schema import lidar2img, load_bev_info
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def _val_dataset(nusc_data: Dict[str, Any], queue_length: int) -> Any:
     from mmdet.registry import DATASETS
     from mmengine.registry import init_default_scope
 
-    import npudet.datasets.bev  # noqa: F401  (registers BEVDataset and the transforms)
+    import npudet.bev.datasets  # noqa: F401  (registers BEVDataset and the transforms)
 
     init_default_scope("mmdet")
     return DATASETS.build(

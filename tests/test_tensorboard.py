@@ -7,9 +7,8 @@ import os
 from typing import Dict, List
 
 import pytest
-from conftest import data_options
 from mmengine.config import Config
-from plugin_util import ROOT, SMALL_DETR, run_tool
+from plugin_util import ROOT, SMALL_DETR, data_options, run_tool
 
 CONFIGS = sorted(
     glob.glob(os.path.join(ROOT, "configs", "small", "*.py"))

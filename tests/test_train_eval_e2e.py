@@ -9,8 +9,7 @@ from typing import Dict, List
 
 import pytest
 import torch
-from conftest import data_options
-from plugin_util import SMALL_DETR, run_tool
+from plugin_util import SMALL_DETR, data_options, run_tool
 
 from npudet.ops import msda_impls
 

@@ -8,12 +8,9 @@ Needs nuscenes-devkit (extra 'nuscenes'; `bash tools/setup.sh` installs it).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from npudet.datasets.nuscenes_infos import create_nuscenes_infos  # noqa: E402
+from npudet.bev.infos.nuscenes import create_nuscenes_infos
 
 
 def main(argv: list | None = None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from npudet.datasets import synthetic_bev as bev
+from npudet.bev.infos import synthetic as bev
 
 
 def main() -> None:

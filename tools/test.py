@@ -15,8 +15,7 @@ import os
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-import npudet.engine  # noqa: F401  (hooks, checkpoint loading)
-import npudet.models  # noqa: F401  (DeformableDETR / DINO on npudet's MSDA)
+import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
 from npudet.engine.cpu_dist import setup_cpu_distributed
 from npudet.engine.msda_log import msda_summary

@@ -11,12 +11,7 @@
 # 160x96 camera is ~2 m of range, of a 320x192 one ~1 m, hence the larger images.
 # 5 epochs = 2560 iterations (about 19 min on 2 cores).
 _base_ = ['../_base_/default_runtime.py']
-custom_imports = dict(
-    imports=[
-        'npudet.models', 'npudet.models.bev', 'npudet.datasets.bev',
-        'npudet.evaluation', 'npudet.engine'
-    ],
-    allow_failed_imports=False)
+custom_imports = dict(imports=['npudet.plugin'], allow_failed_imports=False)
 
 classes = ('car', 'truck', 'pedestrian')
 pc_range = [-25.0, -25.0, -2.0, 25.0, 25.0, 4.0]

@@ -4,9 +4,7 @@
 _base_ = [
     '../_base_/datasets/shapes_detection.py', '../_base_/default_runtime.py'
 ]
-custom_imports = dict(
-    imports=['npudet.models', 'npudet.engine', 'npudet.evaluation'],
-    allow_failed_imports=False)
+custom_imports = dict(imports=['npudet.plugin'], allow_failed_imports=False)
 
 embed_dims = 128
 ffn_dims = 512

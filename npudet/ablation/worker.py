@@ -29,6 +29,8 @@ from mmengine.hooks import Hook
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
+from npudet.hooks.hook_types import DataBatch, Outputs
+
 # Hooks that would distort the timing (they rerun MSDA) or duplicate the worker's own.
 _DROPPED_HOOKS = {"MSDAProfilerHook", "MSDAParityHook"}
 
@@ -42,11 +44,7 @@ class LossRecorderHook(Hook):
         self.losses: List[float] = []
 
     def after_train_iter(
-        self,
-        runner: Any,
-        batch_idx: int,
-        data_batch: Optional[Any] = None,
-        outputs: Optional[dict] = None,
+        self, runner: Any, batch_idx: int, data_batch: DataBatch = None, outputs: Outputs = None
     ) -> None:
         self.losses.append(float((outputs or {})["loss"]))
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Dict, List, Sequence, Tuple
 
 import cv2
 import numpy as np
 
-from ..utils.json_io import write_json_atomic
+from ..utils.json_io import recorded_settings_match, write_json_atomic
 
 CLASSES: Tuple[str, ...] = ("circle", "square", "triangle")
 SPLITS: Tuple[str, ...] = ("train", "val")
@@ -123,12 +122,9 @@ def make_shapes_dataset(
         classes=list(CLASSES),
     )
     meta_file = os.path.join(root, "meta.json")
-    if os.path.isfile(meta_file):
-        with open(meta_file) as f:
-            if json.load(f) == settings:
-                return False
+    if recorded_settings_match(meta_file, settings):
+        return False
     for split, count in zip(SPLITS, (num_train, num_val)):
         write_split(root, split, count, seed, size, max_objects)
-    with open(meta_file, "w") as f:
-        json.dump(settings, f)
+    write_json_atomic(meta_file, settings)
     return True

@@ -1,13 +1,10 @@
 """mmengine side of npudet that is not a hook: checkpoint loading, CLI and run checks.
 
-Importing it (``custom_imports=dict(imports=['npudet.engine'])``, as the configs do)
-allow-lists mmengine's checkpoint types for torch's weights-only loader, registers
-every npudet hook by importing ``npudet.hooks`` and the CPU mixed-precision optim
-wrapper (``amp``), and routes the op library's log lines (``auto``'s choice) to the run's
-log (``msda_log``).
+Importing it (``npudet.plugin`` does) allow-lists mmengine's checkpoint types for torch's
+weights-only loader, registers the CPU mixed-precision optim wrapper (``amp``) and routes
+the op library's log lines (``auto``'s choice) to the run's log (``msda_log``). The hooks
+are registered by ``npudet.hooks``.
 """
-
-import npudet.hooks  # noqa: F401  (registers the hooks the configs name)
 
 from . import (
     amp,  # noqa: F401  (registers CPUAmpOptimWrapper)

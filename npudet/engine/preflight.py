@@ -67,7 +67,7 @@ def read_coco_annotations(path: str, key: str) -> Dict:
 
 def check_bev_dataset(path: str, root: Optional[str], key: str) -> None:
     """A BEV info file: readable, of the expected version, every camera image present."""
-    from npudet.datasets.bev_info import load_bev_info
+    from npudet.bev.infos.schema import load_bev_info
 
     if not os.path.isfile(path):
         raise PreflightError(f"{key}: info file not found: {path}")

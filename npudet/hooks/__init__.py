@@ -1,7 +1,8 @@
 """All of npudet's training hooks, registered in mmdet's ``HOOKS``.
 
-``custom_imports=dict(imports=['npudet.hooks'])`` (or ``'npudet.engine'``, which imports
-this package) then e.g. ``custom_hooks=[dict(type='MSDAProfilerHook')]``. MSDA hooks:
+``custom_imports=dict(imports=['npudet.plugin'])`` (which imports this package; or
+``'npudet.hooks'`` for the hooks alone) then e.g.
+``custom_hooks=[dict(type='MSDAProfilerHook')]``. MSDA hooks:
 ``MSDAProfilerHook``, ``MSDAParityHook``, ``NonFiniteLossHook``, ``NPUSetupHook``;
 evaluation and run-state hooks: ``CocoSummaryHook``, ``EvalProgressHook``, ``RNGStateHook``;
 ``TorchCompileHook`` (``tools/train.py --compile``).

@@ -25,6 +25,7 @@ from mmengine.model import is_model_wrapper
 from npudet.ops.msda.checks.parity import REFERENCE, CallParity, compare_call
 from npudet.ops.msda.observe import add_observer, remove_observer
 
+from .hook_types import DataBatch, Outputs
 from .msda_capture import MSDACapture
 
 __all__ = ["CallParity", "MSDAParityError", "MSDAParityHook", "compare_call"]
@@ -90,11 +91,7 @@ class MSDAParityHook(Hook):
             add_observer(self.capture)
 
     def after_train_iter(
-        self,
-        runner: Any,
-        batch_idx: int,
-        data_batch: Optional[Any] = None,
-        outputs: Optional[dict] = None,
+        self, runner: Any, batch_idx: int, data_batch: DataBatch = None, outputs: Outputs = None
     ) -> None:
         if not self.every_n_train_iters(runner, self.interval):
             return

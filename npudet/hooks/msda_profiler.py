@@ -24,6 +24,7 @@ from mmengine.hooks import Hook
 
 from npudet.ops.msda.observe import add_observer, remove_observer
 
+from .hook_types import DataBatch, Outputs
 from .msda_timer import MSDATimer
 
 
@@ -61,11 +62,7 @@ class MSDAProfilerHook(Hook):
         self._iter_start = self.timer.now(self._device(runner))
 
     def after_train_iter(
-        self,
-        runner: Any,
-        batch_idx: int,
-        data_batch: Optional[Any] = None,
-        outputs: Optional[dict] = None,
+        self, runner: Any, batch_idx: int, data_batch: DataBatch = None, outputs: Outputs = None
     ) -> None:
         iter_s = self.timer.now(self._device(runner)) - self._iter_start
         remove_observer(self.timer)

@@ -24,7 +24,8 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
-from npudet.engine.graph_breaks import MSDA_FILES, GraphBreakRecorder
+from .graph_breaks import MSDA_FILES, GraphBreakRecorder
+from .hook_types import DataBatch, Outputs
 
 
 def compile_forward(
@@ -96,11 +97,7 @@ class TorchCompileHook(Hook):
         )
 
     def after_train_iter(
-        self,
-        runner: Any,
-        batch_idx: int,
-        data_batch: Optional[Any] = None,
-        outputs: Optional[dict] = None,
+        self, runner: Any, batch_idx: int, data_batch: DataBatch = None, outputs: Outputs = None
     ) -> None:
         total = self.recorder.total()
         runner.message_hub.update_scalar("train/graph_breaks", total)

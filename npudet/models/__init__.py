@@ -1,6 +1,6 @@
 """mmdet side of npudet; importing it registers npudet's models in mmdet's registry.
 
-Use it from a config with ``custom_imports=dict(imports=['npudet.models'])``: mmdet's
+Configs import it through ``custom_imports=dict(imports=['npudet.plugin'])``: mmdet's
 ``DeformableDETR`` and ``DINO`` names then build npudet's subclasses, which accept
 ``msda=dict(impl=...)``. ``import npudet`` alone stays light (no mmdet import).
 """

@@ -4,7 +4,7 @@ Six nuScenes-like cameras look out from an ego vehicle that drives forward with 
 Objects (car, truck, pedestrian) stand on the ground, some move; each camera image shows the
 boxes' visible faces (shaded, class-coloured, painter's order) over sky and a textured ground
 plane fixed in the global frame, so it moves with ego motion. Writes the ``npudet-bev-v2``
-info files described in :mod:`npudet.datasets.bev_info`: boxes (x, y, z, w, l, h, yaw, vx, vy)
+info files described in :mod:`npudet.bev.infos.schema`: boxes (x, y, z, w, l, h, yaw, vx, vy)
 in each frame's ego frame, velocity being the object's absolute velocity rotated into the ego
 frame (the nuScenes convention, not relative to the ego); boxes beyond 30 m are dropped. Each
 box's nuScenes attribute follows from its class and true speed (``attribute_from_velocity``:
@@ -13,7 +13,6 @@ vehicle.moving / vehicle.parked for cars and trucks, pedestrian.moving / pedestr
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -22,9 +21,10 @@ from typing import Any, Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
-from ..utils.json_io import write_json_atomic
-from .bev_info import VERSION
-from .nuscenes_attributes import attribute_from_velocity
+from npudet.utils.json_io import recorded_settings_match, write_json_atomic
+
+from .attributes import attribute_from_velocity
+from .schema import VERSION
 
 CLASSES: Tuple[str, ...] = ("car", "truck", "pedestrian")
 # (name, yaw in degrees CCW from ego +x, pitch down in degrees)
@@ -409,10 +409,9 @@ def make_bev_dataset(
         meta=meta_file,
         written=False,
     )
-    if not force and os.path.isfile(meta_file):
-        with open(meta_file) as fh:
-            if json.load(fh) == settings and all(os.path.isfile(paths[s]) for s in SPLITS):
-                return paths
+    done = all(os.path.isfile(paths[s]) for s in SPLITS)
+    if not force and done and recorded_settings_match(meta_file, settings):
+        return paths
     os.makedirs(root, exist_ok=True)
     if os.path.isfile(meta_file):
         # our own set with other settings: drop it so no stale scenes are left behind
@@ -420,7 +419,6 @@ def make_bev_dataset(
         shutil.rmtree(os.path.join(root, "images"), ignore_errors=True)
     for split, count in zip(SPLITS, (num_scenes_train, num_scenes_val)):
         write_split(root, split, count, frames_per_scene, seed, width, height)
-    with open(meta_file, "w") as fh:
-        json.dump(settings, fh)
+    write_json_atomic(meta_file, settings)
     paths["written"] = True
     return paths

@@ -36,7 +36,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from ..datasets.nuscenes_attributes import attribute_from_velocity
+from ..infos.attributes import attribute_from_velocity
 
 DEFAULT_DIST_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 TP_METRICS = ("trans_err", "scale_err", "orient_err", "vel_err", "attr_err")

@@ -1,6 +1,6 @@
 """Convert a nuScenes database into ``npudet-bev-v2`` info files (needs nuscenes-devkit).
 
-Conventions (see :mod:`npudet.datasets.bev_info`):
+Conventions (see :mod:`npudet.bev.infos.schema`):
 
 * The ego frame of a sample is its LIDAR_TOP frame (as BEVFormer); ``ego2global`` is that
   frame's ``lidar2global`` = ego pose @ lidar calibration, both of the LIDAR_TOP sample_data.
@@ -29,8 +29,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..utils.json_io import write_json_atomic
-from .bev_info import VERSION
+from npudet.utils.json_io import write_json_atomic
+
+from .schema import VERSION
 
 DETECTION_CLASSES = (
     "car",

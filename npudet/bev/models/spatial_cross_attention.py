@@ -9,7 +9,7 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from ..layers import DeformableAttention, check_impl_name
+from npudet.models.layers import DeformableAttention, check_impl_name
 
 
 def bev_pillar_points(

@@ -11,7 +11,7 @@ import numpy as np
 from mmdet.registry import DATASETS
 from mmengine.dataset import BaseDataset
 
-from ..bev_info import load_bev_info
+from ..infos.schema import load_bev_info
 
 
 @DATASETS.register_module()

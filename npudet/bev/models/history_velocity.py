@@ -86,14 +86,9 @@ class HistoryVelocity(BaseModule):
         return samples.view(b, -1, m, k).permute(0, 2, 3, 1)
 
     def forward(
-        self,
-        query: Tensor,
-        centres: Tensor,
-        history: Tensor,
-        ego2global: Optional[Tensor] = None,
-        ego2global_prev: Optional[Tensor] = None,
-        prev_valid: Optional[Tensor] = None,
+        self, query: Tensor, centres: Tensor, history: Tensor, *poses: Optional[Tensor]
     ) -> Tensor:
-        """query (B, M, C) and the arguments of :meth:`window` -> velocity (B, M, 2)."""
-        samples = self.window(centres, history, ego2global, ego2global_prev, prev_valid)
+        """query (B, M, C) and the arguments of :meth:`window` (``poses``: ego2global,
+        ego2global_prev, prev_valid) -> velocity (B, M, 2)."""
+        samples = self.window(centres, history, *poses)
         return self.mlp(torch.cat([query, samples.flatten(2)], -1))

@@ -6,7 +6,7 @@ a map mask PNG. Scenes: ``scene-0061`` (devkit ``mini_train``), ``scene-0103`` a
 (``mini_val``), a few samples each 0.5 s apart. The ego drives forward with a slight turn (yaw-only
 poses on the ground plane); every camera fires at its own small time offset after the LIDAR, so
 each sample_data has its own ego pose. LIDAR_TOP is mounted like nuScenes' (rotated -90 deg about
-z); the cameras use :func:`npudet.datasets.synthetic_bev.camera_rigs`. Objects move at constant
+z); the cameras use :func:`npudet.bev.infos.synthetic.camera_rigs`. Objects move at constant
 velocity and stay within 25 m of the ego; all but one appear in every sample of their scene (so
 ``box_velocity`` is exact), that one only in the last (its velocity is unknown: NaN). One object
 per scene has a category outside the 10 detection classes; attributes cover vehicles, cycles and
@@ -28,8 +28,8 @@ from typing import Any, Dict, List
 import cv2
 import numpy as np
 
-from .nuscenes_infos import record_matrix
-from .synthetic_bev import CAMERA_NAMES, camera_rigs
+from npudet.bev.infos.nuscenes import record_matrix
+from npudet.bev.infos.synthetic import CAMERA_NAMES, camera_rigs
 
 VERSION = "v1.0-mini"
 SCENES = (("scene-0061", "mini_train"), ("scene-0103", "mini_val"), ("scene-0916", "mini_val"))

@@ -11,7 +11,7 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseDataPreprocessor
 from torch import Tensor
 
-from ..detectors.msda_config import apply_msda_cfg
+from npudet.models.detectors.msda_config import apply_msda_cfg
 
 
 @MODELS.register_module()

@@ -1,6 +1,6 @@
 """BEV multi-camera dataset and transforms, registered in the mmdet registries.
 
-Use with ``custom_imports = dict(imports=['npudet.datasets.bev'])``.
+``custom_imports=dict(imports=['npudet.plugin'])`` imports it.
 """
 
 from .dataset import BEVDataset

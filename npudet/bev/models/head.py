@@ -17,7 +17,8 @@ from mmengine.model import BaseModule, bias_init_with_prob
 from mmengine.structures import InstanceData
 from torch import Tensor, nn
 
-from ..layers import convert_msda
+from npudet.models.layers import convert_msda
+
 from .box_coder import CODE_SIZE, BEVBoxCoder
 from .history_velocity import HistoryVelocity
 from .temporal_self_attention import bev_reference_points

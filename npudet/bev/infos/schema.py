@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping
 
 import numpy as np
 
-from .nuscenes_attributes import ATTRIBUTE_NAMES
+from .attributes import ATTRIBUTE_NAMES
 
 VERSION = "npudet-bev-v2"
 

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, Tuple
 
 import numpy as np
 
-from ..datasets.nuscenes_attributes import MOVING_SPEED
+from ..infos.attributes import MOVING_SPEED
 from .center_distance import center_distance
 
 # one frame: predicted boxes (P, 9), scores (P,), labels (P,), true boxes (N, 9), labels (N,)

@@ -1,0 +1,141 @@
+"""Train one config with several MSDA implementations side by side and compare them
+(``tools/ablate.py``'s command; its docstring lists the options).
+
+Every variant trains from the same seed and the same initial weights (built once, saved as
+``init_weights.pth``) for N iterations, each in its own process (:mod:`.worker`); with
+``compile`` every variant also trains with its forward under ``torch.compile`` right after
+its eager run. The work dir gets ``ablation.md``, ``ablation.csv``, ``loss_curves.png``,
+``iter_time_split.png`` (:mod:`.report`) and one folder per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List
+
+import torch
+from mmengine.config import Config
+from mmengine.runner import set_random_seed
+from mmengine.utils import import_modules_from_strings
+
+from npudet.engine.cli import fail, run_checks
+from npudet.engine.preflight import check_data
+from npudet.utils import current_device_type
+
+from .report import markdown_table, plot_loss_curves, plot_time_split, summarise, write_csv
+from .variants import Variant, default_impls, parse_variants
+
+
+def save_initial_weights(cfg: Config, seed: int, path: str) -> None:
+    """Build the model once from ``seed`` and save its initialised state dict."""
+    from mmdet.registry import MODELS
+    from mmengine.logging import MMLogger
+    from mmengine.registry import init_default_scope
+
+    # init_weights reports every parameter to the current logger; keep the console quiet.
+    MMLogger.get_instance("npudet-ablate", log_level="WARNING")
+
+    if cfg.get("custom_imports"):
+        import_modules_from_strings(**cfg.custom_imports)
+    init_default_scope(cfg.get("default_scope", "mmdet"))
+    set_random_seed(seed)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    torch.save({"state_dict": model.state_dict(), "meta": {"seed": seed}}, path)
+
+
+def run_variant(spec: Dict, threads: int) -> Dict:
+    """Train one variant in a child process; returns its record."""
+    os.makedirs(spec["work_dir"], exist_ok=True)
+    spec_path = os.path.join(spec["work_dir"], "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f, indent=1)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    log_path = os.path.join(spec["work_dir"], "worker.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, "-m", "npudet.ablation.worker", spec_path],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    if proc.returncode != 0:
+        with open(log_path) as f:
+            tail = f.read().splitlines()[-15:]
+        fail(f"run {spec['work_dir']} failed (exit {proc.returncode}):\n" + "\n".join(tail))
+    with open(os.path.join(spec["work_dir"], "record.json")) as f:
+        return json.load(f)
+
+
+def ablate(args: argparse.Namespace) -> None:
+    """Run the ablation that ``tools/ablate.py``'s arguments describe."""
+    if not os.path.isfile(args.config):
+        fail(f"config file not found: {args.config}")
+    try:
+        variants: List[Variant] = parse_variants(args.impls or default_impls(current_device_type()))
+    except ValueError as err:
+        fail(str(err))
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    run_checks(lambda: check_data(cfg, ["train"]))
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    work_dir = args.work_dir or os.path.join("work_dirs", "ablate", name)
+    os.makedirs(work_dir, exist_ok=True)
+    init_path = os.path.abspath(os.path.join(work_dir, "init_weights.pth"))
+    save_initial_weights(cfg, args.seed, init_path)
+
+    modes = {"eager": None}
+    if args.compile:
+        modes["compiled"] = dict(backend=args.compile)
+    runs: Dict[str, Dict[str, List[Dict]]] = {m: {v.label: [] for v in variants} for m in modes}
+    for round_idx in range(args.rounds):
+        for variant in variants:
+            for mode, compile_options in modes.items():
+                suffix = "" if compile_options is None else "_compiled"
+                run_dir = os.path.join(work_dir, variant.dirname + suffix, f"round{round_idx}")
+                print(
+                    f"[ablate] {variant.label}{suffix} (round {round_idx + 1}/{args.rounds})",
+                    flush=True,
+                )
+                spec = dict(
+                    config=os.path.abspath(args.config),
+                    cfg_options=args.cfg_options,
+                    msda=variant.msda_cfg(),
+                    iters=args.iters,
+                    work_dir=os.path.abspath(run_dir),
+                    load_from=init_path,
+                    seed=args.seed,
+                    threads=args.threads,
+                    compile=compile_options,
+                )
+                runs[mode][variant.label].append(run_variant(spec, args.threads))
+
+    parts = {v.label: {"encoder": v.encoder, "decoder": v.decoder} for v in variants}
+    warmup = min(args.warmup, args.iters - 1)
+    rows = summarise(runs["eager"], parts, warmup, runs.get("compiled"))
+    first = runs["eager"][variants[0].label][0]
+    header = (
+        f"{name}: {args.iters} iterations x {args.rounds} round(s), {args.threads} threads, "
+        f"device {first['device']}, torch {first['torch']}; times are medians after "
+        f"{warmup} warm-up iterations; speed-up and loss deviation vs {variants[0].label}"
+        + (f"; compiled: torch.compile backend {args.compile}" if args.compile else "")
+        + "\n\n"
+    )
+    table = markdown_table(rows)
+    with open(os.path.join(work_dir, "ablation.md"), "w") as f:
+        f.write(header + table)
+    write_csv(rows, os.path.join(work_dir, "ablation.csv"))
+    plot_loss_curves(
+        runs["eager"], os.path.join(work_dir, "loss_curves.png"), f"{name}: training loss"
+    )
+    plot_time_split(rows, os.path.join(work_dir, "iter_time_split.png"), f"{name}: time per iter")
+    print(header + table, end="")
+    print(
+        f"[ablate] wrote ablation.md, ablation.csv, loss_curves.png, iter_time_split.png to "
+        f"{work_dir}"
+    )
