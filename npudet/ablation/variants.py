@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List
 
+from npudet.ops.msda import auto_order, check_impl_name, msda_impls
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -36,8 +38,6 @@ def parse_variants(spec: str, key: str = "--impls") -> List[Variant]:
     are checked against the usable implementations; duplicates and empty items raise
     ``ValueError`` naming ``key``.
     """
-    from npudet.models.layers import check_impl_name
-
     variants: List[Variant] = []
     for item in spec.split(","):
         item = item.strip()
@@ -58,8 +58,6 @@ def default_impls(device_type: str) -> str:
     """The ``--impls`` default on ``device_type``: the baseline, ``gather``, then every other
     usable implementation ``auto`` considers there (``cpu`` on the CPU; ``mmcv`` and
     ``triton`` on CUDA; ``npu_vendor`` and ``triton`` on NPU), in ``auto``'s order."""
-    from npudet.ops.msda import auto_order, msda_impls
-
     usable = set(msda_impls())
     names = ["grid_sample", "gather"]
     names += [n for n in auto_order(device_type) if n in usable and n not in names]
