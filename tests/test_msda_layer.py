@@ -7,6 +7,7 @@ import torch
 from mmcv.ops import MultiScaleDeformableAttention as MMCVMSDA
 
 from npudet.models import MultiScaleDeformableAttention, check_impl_name, convert_msda
+from npudet.nn import MSDeformAttn
 from npudet.ops import msda_impls
 
 IMPLS = [name for name in ("grid_sample", "cpu") if name in msda_impls()]
@@ -15,12 +16,16 @@ STARTS = torch.tensor([0, 80, 100])
 NUM_KEYS = 106
 
 
-def _pair(batch_first: bool, impl: str):
+# npudet's two MSDA modules: the mmcv subclass mmdet builds, and the torch-only one.
+MODULES = {"mmcv-subclass": MultiScaleDeformableAttention, "torch-only": MSDeformAttn}
+
+
+def _pair(batch_first: bool, impl: str, module: str = "mmcv-subclass"):
     torch.manual_seed(0)
     ref = MMCVMSDA(
         embed_dims=32, num_heads=4, num_levels=3, num_points=2, dropout=0.0, batch_first=batch_first
     )
-    ours = MultiScaleDeformableAttention(
+    ours = MODULES[module](
         embed_dims=32,
         num_heads=4,
         num_levels=3,
@@ -48,11 +53,14 @@ def _inputs(batch_first: bool, ref_dim: int):
     return q.requires_grad_(), v.requires_grad_(), ref_pts.requires_grad_(), mask
 
 
+@pytest.mark.parametrize("module", sorted(MODULES))
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("ref_dim", [2, 4])
-def test_matches_mmcv_forward_and_backward(impl: str, batch_first: bool, ref_dim: int) -> None:
-    ref, ours = _pair(batch_first, impl)
+def test_matches_mmcv_forward_and_backward(
+    module: str, impl: str, batch_first: bool, ref_dim: int
+) -> None:
+    ref, ours = _pair(batch_first, impl, module)
     outs, grads = [], []
     for module in (ref, ours):
         q, v, pts, mask = _inputs(batch_first, ref_dim)
@@ -73,12 +81,14 @@ def test_matches_mmcv_forward_and_backward(impl: str, batch_first: bool, ref_dim
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_same_parameters_and_init_as_mmcv() -> None:
+@pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.parametrize("ratio", [1.0, 0.5])
+def test_same_parameters_and_init_as_mmcv(module: str, ratio: float) -> None:
     torch.manual_seed(0)
-    ref = MMCVMSDA(embed_dims=64, num_heads=8)
+    ref = MMCVMSDA(embed_dims=64, num_heads=8, value_proj_ratio=ratio)
     torch.manual_seed(0)
-    ours = MultiScaleDeformableAttention(embed_dims=64, num_heads=8, impl="grid_sample")
-    assert isinstance(ours, MMCVMSDA)
+    ours = MODULES[module](embed_dims=64, num_heads=8, value_proj_ratio=ratio, impl="grid_sample")
+    assert isinstance(ours, MMCVMSDA) == (module == "mmcv-subclass")
     assert list(ref.state_dict()) == list(ours.state_dict())
     for (name, a), b in zip(ref.state_dict().items(), ours.state_dict().values()):
         assert torch.equal(a, b), name
@@ -96,8 +106,11 @@ def test_convert_in_place_keeps_weights() -> None:
 def test_bad_impl_names() -> None:
     with pytest.raises(ValueError, match=r"model\.msda\.impl: unknown MSDA implementation 'nope'"):
         check_impl_name("nope", "model.msda.impl")
-    with pytest.raises(ValueError, match="impl: unknown"):
-        MultiScaleDeformableAttention(embed_dims=32, num_heads=4, impl="nope")
+    for module in MODULES.values():
+        with pytest.raises(ValueError, match="impl: unknown"):
+            module(embed_dims=32, num_heads=4, impl="nope")
+    with pytest.raises(ValueError, match=r"embed_dims: expected a multiple of num_heads \(3\)"):
+        MSDeformAttn(embed_dims=32, num_heads=3)
     with pytest.raises(ValueError, match="expected an MSDA implementation name"):
         check_impl_name(3, "model.msda.impl")
     assert check_impl_name("auto", "k") == "auto"

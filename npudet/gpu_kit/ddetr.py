@@ -1,12 +1,12 @@
 """A Deformable-DETR-sized transformer in plain torch, to time training iterations.
 
-npudet's own layers (``npudet.models.layers``) import mmcv and mmengine, which GPU machines
-without OpenMMLab lack, so this is the same computation written with torch alone around
-``npudet.ops.multi_scale_deformable_attn``: mmdet 3.3's ``DeformableDetrTransformerEncoder``
-/ ``Decoder`` layers (post-norm; encoder: MSDA self-attention + FFN; decoder: multi-head
-self-attention over the queries + MSDA cross-attention + FFN; dropout 0.1), mmcv's MSDA
-projections and initialisation, on multi-level features standing in for the backbone and
-neck. A class and box head on every decoder layer (the auxiliary losses) closes the loss.
+GPU machines without OpenMMLab cannot build mmdet's model, so this is mmdet 3.3's
+``DeformableDetrTransformerEncoder`` / ``Decoder`` layers (post-norm; encoder: MSDA
+self-attention + FFN; decoder: multi-head self-attention over the queries + MSDA
+cross-attention + FFN; dropout 0.1) in torch around npudet's own MSDA layer,
+:class:`npudet.nn.MSDeformAttn` (mmcv's module, parameters and initialisation, with no
+OpenMMLab import), on multi-level features standing in for the backbone and neck. A class
+and box head on every decoder layer (the auxiliary losses) closes the loss.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from npudet.ops import multi_scale_deformable_attn
+from npudet.nn import MSDeformAttn
 
 
 @dataclass(frozen=True)
@@ -57,57 +57,16 @@ DRY_SHAPE = DDETRShape(
 )
 
 
-class MSDeformAttn(nn.Module):
-    """mmcv's ``MultiScaleDeformableAttention`` (batch first, value_proj_ratio 1) on
-    ``npudet.ops.multi_scale_deformable_attn`` with a fixed ``impl``."""
+def _attention(shape: DDETRShape, impl: str) -> MSDeformAttn:
+    """npudet's MSDA module as mmdet's Deformable DETR configures it (batch first)."""
+    return MSDeformAttn(
+        shape.dim, shape.heads, shape.levels, shape.points, batch_first=True, impl=impl
+    )
 
-    def __init__(self, shape: DDETRShape, impl: str):
-        super().__init__()
-        self.impl = impl
-        self.heads, self.levels, self.points = shape.heads, shape.levels, shape.points
-        samples = shape.heads * shape.levels * shape.points
-        self.sampling_offsets = nn.Linear(shape.dim, samples * 2)
-        self.attention_weights = nn.Linear(shape.dim, samples)
-        self.value_proj = nn.Linear(shape.dim, shape.dim)
-        self.output_proj = nn.Linear(shape.dim, shape.dim)
-        self.dropout = nn.Dropout(0.1)
-        self._init_weights()
 
-    def _init_weights(self) -> None:
-        """mmcv's init: offsets start on each head's direction, (point + 1) pixels away."""
-        nn.init.zeros_(self.sampling_offsets.weight)
-        angle = torch.arange(self.heads, dtype=torch.float32) * (2 * math.pi / self.heads)
-        grid = torch.stack((angle.cos(), angle.sin()), -1)
-        grid = grid / grid.abs().max(-1, keepdim=True).values
-        grid = grid.view(self.heads, 1, 1, 2).repeat(1, self.levels, self.points, 1)
-        grid = grid * torch.arange(1, self.points + 1).view(1, 1, -1, 1)
-        with torch.no_grad():
-            self.sampling_offsets.bias.copy_(grid.flatten())
-        nn.init.zeros_(self.attention_weights.weight)
-        nn.init.zeros_(self.attention_weights.bias)
-        for proj in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(proj.weight)
-            nn.init.zeros_(proj.bias)
-
-    def forward(
-        self, query: Tensor, value: Tensor, reference: Tensor, shapes: Tensor, starts: Tensor
-    ) -> Tensor:
-        """query (bs, q, dim), value (bs, keys, dim), reference (bs, q, levels, 2) in [0, 1],
-        shapes (levels, 2) (H, W), starts (levels,) -> (bs, q, dim), after dropout (the
-        residual is the caller's)."""
-        bs, nq, dim = query.shape
-        h, lv, p = self.heads, self.levels, self.points
-        v = self.value_proj(value).view(bs, value.shape[1], h, dim // h)
-        offsets = self.sampling_offsets(query).view(bs, nq, h, lv, p, 2)
-        weights = self.attention_weights(query).view(bs, nq, h, lv * p).softmax(-1)
-        normaliser = shapes.flip(-1).to(query.dtype)  # (W, H) per level
-        locations = (
-            reference[:, :, None, :, None, :] + offsets / normaliser[None, None, None, :, None]
-        )
-        out = multi_scale_deformable_attn(
-            v, shapes, starts, locations, weights.view(bs, nq, h, lv, p), impl=self.impl
-        )
-        return self.dropout(self.output_proj(out))
+def _levels(reference: Tensor, shapes: Tensor, starts: Tensor) -> Dict[str, Tensor]:
+    """The MSDA layer's level arguments, by mmcv's names."""
+    return dict(reference_points=reference, spatial_shapes=shapes, level_start_index=starts)
 
 
 class FFN(nn.Module):
@@ -130,12 +89,13 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, shape: DDETRShape, impl: str):
         super().__init__()
-        self.attn, self.ffn = MSDeformAttn(shape, impl), FFN(shape)
+        self.attn, self.ffn = _attention(shape, impl), FFN(shape)
         self.norms = nn.ModuleList(nn.LayerNorm(shape.dim) for _ in range(2))
 
     def forward(self, x: Tensor, pos: Tensor, reference: Tensor, shapes: Tensor, starts: Tensor):
         """x, pos (bs, keys, dim); reference (bs, keys, levels, 2) -> (bs, keys, dim)."""
-        x = self.norms[0](x + self.attn(x + pos, x, reference, shapes, starts))
+        # npudet's MSDA adds its query (``identity``) back: x + msda(x + pos)
+        x = self.norms[0](self.attn(x, query_pos=pos, **_levels(reference, shapes, starts)))
         return self.norms[1](x + self.ffn(x))
 
 
@@ -145,7 +105,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, shape: DDETRShape, impl: str):
         super().__init__()
         self.self_attn = nn.MultiheadAttention(shape.dim, shape.heads, 0.1, batch_first=True)
-        self.cross_attn, self.ffn = MSDeformAttn(shape, impl), FFN(shape)
+        self.cross_attn, self.ffn = _attention(shape, impl), FFN(shape)
         self.norms = nn.ModuleList(nn.LayerNorm(shape.dim) for _ in range(3))
 
     def forward(self, q, pos, memory, reference, shapes, starts) -> Tensor:
@@ -153,7 +113,8 @@ class DecoderLayer(nn.Module):
         2) -> (bs, queries, dim)."""
         qk = q + pos
         q = self.norms[0](q + self.self_attn(qk, qk, q, need_weights=False)[0])
-        q = self.norms[1](q + self.cross_attn(q + pos, memory, reference, shapes, starts))
+        levels = _levels(reference, shapes, starts)
+        q = self.norms[1](self.cross_attn(q, value=memory, query_pos=pos, **levels))
         return self.norms[2](q + self.ffn(q))
 
 

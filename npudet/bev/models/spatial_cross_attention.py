@@ -9,7 +9,8 @@ from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
 
-from npudet.models.layers import DeformableAttention, check_impl_name
+from npudet.nn import DeformableAttention
+from npudet.ops.msda import check_impl_name
 
 
 def bev_pillar_points(

@@ -1,12 +1,13 @@
-"""npudet's transformer layers.
+"""npudet's transformer layers for mmdet: mmcv's MSDA module on npudet's op, and the
+``model.msda`` switch. The torch-only base they share is ``npudet.nn``.
 
 ``check_impl_name`` is the op library's (``npudet.ops.msda.registry``), the one check of
 an MSDA implementation name, re-exported for configs and layers.
 """
 
+from npudet.nn import DeformableAttention
 from npudet.ops.msda import check_impl_name
 
-from .deformable_attention import DeformableAttention
 from .msda import MultiScaleDeformableAttention
 from .msda_switch import convert_msda, deformable_layers
 

@@ -7,9 +7,9 @@ from typing import Iterator, Tuple
 from mmcv.ops import MultiScaleDeformableAttention as MMCVMultiScaleDeformableAttention
 from torch import nn
 
+from npudet.nn import DeformableAttention
 from npudet.ops.msda import check_impl_name
 
-from .deformable_attention import DeformableAttention
 from .msda import MultiScaleDeformableAttention
 
 

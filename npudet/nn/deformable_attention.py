@@ -6,7 +6,6 @@ import math
 from typing import Optional
 
 import torch
-from mmengine.model import constant_init, xavier_init
 from torch import Tensor, nn
 
 from npudet.ops import multi_scale_deformable_attn
@@ -53,7 +52,7 @@ class DeformableAttention:
         """mmcv's initialisation: head ``h`` samples along angle ``2 pi h / heads`` (the
         larger of |x|, |y| scaled to 1) at :meth:`point_scales` cells in every group and
         level; uniform attention weights; xavier-uniform projections with zero bias."""
-        constant_init(self.sampling_offsets, 0.0)
+        nn.init.zeros_(self.sampling_offsets.weight)
         device = self.sampling_offsets.weight.device
         heads = self.num_heads
         thetas = torch.arange(heads, dtype=torch.float32, device=device) * (2.0 * math.pi / heads)
@@ -61,10 +60,12 @@ class DeformableAttention:
         grid = (grid / grid.abs().max(-1, keepdim=True)[0]).view(heads, 1, 1, 2)
         grid = grid.repeat(1, self.num_groups * self.num_levels, self.num_points, 1)
         self.sampling_offsets.bias.data = (grid * self.point_scales().to(grid)[:, None]).view(-1)
-        constant_init(self.attention_weights, val=0.0, bias=0.0)
-        xavier_init(self.value_proj, distribution="uniform", bias=0.0)
-        xavier_init(self.output_proj, distribution="uniform", bias=0.0)
-        self._is_init = True
+        nn.init.zeros_(self.attention_weights.weight)
+        nn.init.zeros_(self.attention_weights.bias)
+        for proj in (self.value_proj, self.output_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+        self._is_init = True  # mmengine's BaseModule: its initialiser must not redo this
 
     def project_value(self, value: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         """(n, keys, C) -> MSDA value (n, keys, heads, C / heads); masked keys (n, keys) -> 0."""
