@@ -226,14 +226,19 @@ def _declined(impl: str, device: str, inputs: Inputs) -> List[str]:
     return list(get_impl(impl).not_supported_reasons(replace(info, device_type=device)))
 
 
+def _rounded_case(case: str, dtype: torch.dtype) -> Tuple[Inputs, torch.Tensor]:
+    """``case``'s inputs and output cotangent on the CPU, rounded to ``dtype``: the values
+    the implementation under test sees, and (in float64) the reference too."""
+    value, spatial, starts, loc, attn = small_inputs(**PARITY_CASES[case])
+    grad = cotangent((value.shape[0], loc.shape[1], value.shape[2] * value.shape[3]))
+    return (value.to(dtype), spatial, starts, loc.to(dtype), attn.to(dtype)), grad.to(dtype)
+
+
 def check_case(impl: str, device: str, dtype: torch.dtype, case: str) -> CaseResult:
     """Run one case of ``PARITY_CASES`` and compare with the float64 CPU reference."""
     kwargs = PARITY_CASES[case]
     try:
-        inputs64 = small_inputs(**kwargs)
-        # Round the inputs to the dtype under test; the reference sees the same values.
-        value, spatial, starts, loc, attn = inputs64
-        rounded = (value.to(dtype), spatial, starts, loc.to(dtype), attn.to(dtype))
+        rounded, grad = _rounded_case(case, dtype)
         declined = _declined(impl, device, rounded)
         if kwargs.get("nan") and impl == REFERENCE:
             declined.append("F.grid_sample propagates NaN locations into the output")
@@ -245,8 +250,6 @@ def check_case(impl: str, device: str, dtype: torch.dtype, case: str) -> CaseRes
             clean = reference_inputs[3].clone()
             clean[~torch.isfinite(clean).all(-1)] = 5.0
             reference_inputs[3] = clean
-        out_shape = (value.shape[0], loc.shape[1], value.shape[2] * value.shape[3])
-        grad = cotangent(out_shape).to(dtype)
         want = vjp(REFERENCE, tuple(reference_inputs), grad.double(), "cpu")
         got = vjp(impl, rounded, grad, device)
     except Exception as exc:  # any failure of the implementation is a verdict, not a crash
@@ -270,9 +273,7 @@ def check_parity(
     name = dtype_name(dtype)
     try:
         key = fingerprint(impl, device)
-        probe = small_inputs(**PARITY_CASES[PROBE_CASE])
-        rounded = tuple(t.to(dtype) if t.is_floating_point() else t for t in probe)
-        declined = _declined(impl, device, rounded)
+        declined = _declined(impl, device, _rounded_case(PROBE_CASE, dtype)[0])
     except Exception as exc:
         return ParityResult(impl, device, name, False, f"{type(exc).__name__}: {exc}"[:500])
     if declined:
@@ -325,11 +326,10 @@ def check_impl(impl: str, device: Union[str, torch.device], dtype: torch.dtype) 
     exceeds ``TOLERANCE[dtype]``, a crash, non-finite values)."""
     device = torch.device(device)
     with _check_context(device.type):
-        inputs = small_inputs(**PARITY_CASES[PROBE_CASE])
-        inputs = tuple(t.to(dtype).double() if t.is_floating_point() else t for t in inputs)
-        value, _, _, loc, _ = inputs
-        grad = cotangent((value.shape[0], loc.shape[1], value.shape[2] * value.shape[3]))
-        grad = grad.to(dtype).double()
+        rounded, grad = _rounded_case(PROBE_CASE, dtype)
+        # In float64: vjp hands the implementation ``dtype`` copies, the reference these.
+        inputs = tuple(t.double() if t.is_floating_point() else t for t in rounded)
+        grad = grad.double()
         info = validate_inputs(*inputs, check_values=False)
         reasons = get_impl(impl).not_supported_reasons(
             replace(info, device_type=device.type, dtype=dtype)
