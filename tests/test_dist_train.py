@@ -6,7 +6,10 @@ import os
 import socket
 import subprocess
 
+import torch.distributed as dist
 from plugin_util import ROOT, SMALL_DETR, data_options
+
+from npudet.engine.cpu_dist import end_distributed
 
 
 def _free_port() -> int:
@@ -53,3 +56,13 @@ def test_two_cpu_processes(tiny_shapes: str, tmp_path) -> None:
     # 8 images / (2 processes x batch 2) = 2 iterations per epoch.
     assert "Epoch(train) [2][2/2]" in text
     assert (work / "epoch_2.pth").is_file() and (work / "coco_bbox_val.json").is_file()
+
+
+def test_end_distributed_destroys_the_group(tmp_path) -> None:
+    """The tools end the process group themselves (mmengine does not); twice is harmless."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    assert dist.is_initialized()
+    end_distributed()
+    assert not dist.is_initialized()
+    end_distributed()

@@ -17,7 +17,7 @@ from mmengine.runner import Runner
 
 import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
-from npudet.engine.cpu_dist import setup_cpu_distributed
+from npudet.engine.cpu_dist import end_distributed, setup_cpu_distributed
 from npudet.engine.msda_log import msda_summary
 from npudet.engine.preflight import check_checkpoint, check_data, check_msda
 
@@ -67,13 +67,16 @@ def main() -> None:
     )
 
     setup_cpu_distributed(cfg, args.launcher)
-    runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
-    runner.logger.info(msda_summary(runner.model))
-    if args.out is not None:
-        from mmdet.evaluation import DumpDetResults
+    try:
+        runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+        runner.logger.info(msda_summary(runner.model))
+        if args.out is not None:
+            from mmdet.evaluation import DumpDetResults
 
-        runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
-    runner.test()
+            runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
+        runner.test()
+    finally:
+        end_distributed()
     if args.out is not None:
         print(f"predictions written to {os.path.abspath(args.out)}")
 

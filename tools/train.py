@@ -18,7 +18,7 @@ from mmengine.runner import Runner, find_latest_checkpoint
 import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
 from npudet.engine.amp import amp_optim_wrapper
 from npudet.engine.cli import add_common_args, fail, load_config, run_checks
-from npudet.engine.cpu_dist import setup_cpu_distributed
+from npudet.engine.cpu_dist import end_distributed, setup_cpu_distributed
 from npudet.engine.msda_log import msda_summary
 from npudet.engine.preflight import check_checkpoint, check_data, check_msda
 from npudet.hooks import compile_with_hook, launch_env_setup
@@ -97,9 +97,12 @@ def main() -> None:
     for action in launch_env_setup():
         print(f"[npudet] set {action.target}={action.value} ({action.reason})")
     setup_cpu_distributed(cfg, args.launcher)
-    runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
-    runner.logger.info(msda_summary(runner.model))
-    runner.train()
+    try:
+        runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
+        runner.logger.info(msda_summary(runner.model))
+        runner.train()
+    finally:
+        end_distributed()
 
 
 if __name__ == "__main__":
