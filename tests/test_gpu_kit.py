@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from openmmlab_util import without_openmmlab
 
 from npudet.gpu_kit import child, ddetr, report
 from npudet.gpu_kit import run as kit_run
@@ -27,19 +28,11 @@ from npudet.ops.msda.bench.cases import CASES, LARGE_CASES, make_inputs
 ROOT = Path(__file__).resolve().parents[1]
 
 
-OPENMMLAB = ("mmcv", "mmdet", "mmengine")
-
-
 def _env(hidden: Path) -> dict:
     """The environment of a GPU machine: no triton interpreter, and no OpenMMLab package
-    (a ``sitecustomize`` in ``hidden`` makes them unimportable in every child process)."""
-    hidden.mkdir(exist_ok=True)
-    (hidden / "sitecustomize.py").write_text(
-        f"import sys\nfor name in {OPENMMLAB!r}:\n    sys.modules[name] = None\n"
-    )
-    env = dict(os.environ)
+    (hidden by a ``sitecustomize`` in ``hidden``, in every child process)."""
+    env = without_openmmlab(hidden)
     env.pop("TRITON_INTERPRET", None)  # as a user runs it: triton is no CPU kernel
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hidden), env.get("PYTHONPATH")]))
     return env
 
 

@@ -81,10 +81,11 @@ def test_compiled_encoder_layer_matches_eager():
     default mode elsewhere."""
     from npudet.gpu_kit import ddetr
 
-    device = "cuda" if DEVICE == "cuda" else "cpu"
-    mode = "reduce-overhead" if device == "cuda" else None
-    image = (256, 384) if device == "cuda" else (64, 96)
-    shape = ddetr.DDETRShape(image=image, batch=2, dim=256 if device == "cuda" else 64)
+    if DEVICE == "cuda":
+        device, mode, image, dim = "cuda", "reduce-overhead", (256, 384), 256
+    else:
+        device, mode, image, dim = "cpu", None, (64, 96), 64
+    shape = ddetr.DDETRShape(image=image, batch=2, dim=dim)
     prepare(device)
     torch.manual_seed(0)
     # eval(): dropout would draw new masks at every call, and no two calls could agree.
