@@ -1,9 +1,10 @@
 """Run as a script (in a subprocess): ``impl="cpu"`` against ``grid_sample`` on a few cases.
 
 Checks the output and the three gradients (value, sampling locations, attention weights)
-of the public ``cpu`` and of every ``cpu_*`` experiment variant, then prints one JSON
-line: the instruction-set variant loaded, ``msda_impls()`` and where npudet and its kernel
-sources were found. Self-contained (no test helpers), so it runs from an installed wheel
+of the public ``cpu`` and of every ``cpu_*`` experiment variant, and that forward-mode AD
+and second-order gradients raise, then prints one JSON line: the instruction-set variant
+loaded, which autograd kernel runs, ``msda_impls()`` and where npudet and its kernel sources
+were found. Self-contained (no test helpers), so it runs from an installed wheel
 with no checkout on the path; the instruction set follows ``NPUDET_CPU_ISA``.
 """
 
@@ -15,6 +16,7 @@ import torch
 
 from npudet.ops.msda import msda_impls, msda_variants, multi_scale_deformable_attn
 from npudet.ops.msda.backends import cpu as cpu_impl
+from npudet.ops.msda.backends import cpu_library
 from npudet.ops.msda.kernels.native_build import source_root
 
 # (level shapes, batch, queries, heads, dim, points, location range, dtype)
@@ -49,6 +51,30 @@ def run(impl, case):
     return (out, *torch.autograd.grad(out, leaves, grad))
 
 
+def check_unsupported_modes_raise() -> None:
+    """Forward-mode AD and a second-order gradient through ``cpu`` raise (never drop silently)."""
+    import torch.autograd.forward_ad as fwAD
+
+    value, spatial, starts, loc, attn = inputs(*CASES[0])
+    try:
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(value, torch.ones_like(value))
+            multi_scale_deformable_attn(dual, spatial, starts, loc, attn, impl="cpu")
+    except (RuntimeError, NotImplementedError):
+        pass
+    else:
+        raise AssertionError("forward-mode AD through cpu did not raise")
+    leaves = [t.clone().requires_grad_() for t in (value, loc, attn)]
+    out = multi_scale_deformable_attn(leaves[0], spatial, starts, leaves[1], leaves[2], impl="cpu")
+    (grad_value, *_) = torch.autograd.grad(out.square().sum(), leaves, create_graph=True)
+    try:
+        torch.autograd.grad(grad_value.sum(), leaves, allow_unused=True)
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("a second-order gradient through cpu did not raise")
+
+
 def main() -> None:
     impls = msda_impls()
     assert "cpu" in impls, f"cpu not usable: {cpu_impl.CPUImpl().unavailable_reasons()}"
@@ -64,14 +90,16 @@ def main() -> None:
                 torch.testing.assert_close(
                     g, w, rtol=tol, atol=tol * scale, msg=lambda m, n=name, i=impl: f"{i} {n}: {m}"
                 )
+    check_unsupported_modes_raise()
     import npudet
 
     report = {
-        "isa": cpu_impl.isa(),
+        "isa": cpu_library.isa(),
         "impls": impls,
         "checked": checked,
         "npudet": npudet.__file__,
-        "sources": str(source_root(["cpu/msda_cpu.cpp"])),
+        "sources": str(source_root(cpu_library.OPS_SOURCES)),
+        "autograd": cpu_library.autograd(),
     }
     print(json.dumps(report))
 

@@ -73,3 +73,25 @@ def test_no_sys_path_insertion() -> None:
         if path.name != "test_architecture.py" and pattern.search(path.read_text())
     ]
     assert offenders == []
+
+
+NATIVE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".cu", ".cuh")
+
+
+def test_native_code_lives_in_ops_only() -> None:
+    """Every C/C++/CUDA source is in the top-level ops/ (one copy), and each of its library
+    folders has a README saying what it builds and which Python module loads it."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    native = [name for name in tracked if name.endswith(NATIVE_SUFFIXES)]
+    assert native and all(name.startswith("ops/") for name in native), [
+        name for name in native if not name.startswith("ops/")
+    ]
+    basenames = [Path(name).name for name in native]
+    assert len(basenames) == len(set(basenames)), "a native source is kept twice"
+    libraries = {Path(name).parts[1] for name in native}
+    for library in sorted(libraries):
+        readme = ROOT / "ops" / library / "README.md"
+        assert readme.is_file(), f"ops/{library}/ has no README.md"
+        assert "npudet." in readme.read_text(), f"ops/{library}/README.md names no loader"

@@ -83,7 +83,7 @@ def test_saved_records_carry_the_key_of_the_checking_process(fast_report):
     for row in report["parity"]:
         assert row["key"]["torch"] == torch.__version__ and len(row["key"]["sources"]) == 16
     record = records.recorded("cpu", device_name("cpu"), "cpu", "float32", path=str(path))
-    assert record.key["isa"] and not records.stale_reasons(record, "cpu")
+    assert record.key["build"] and not records.stale_reasons(record, "cpu")
 
 
 def test_fast_run_times_and_ranks_the_correct_implementations(fast_report):

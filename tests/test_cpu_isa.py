@@ -19,7 +19,7 @@ from msda_util import random_inputs
 
 from npudet.ops.msda import multi_scale_deformable_attn
 from npudet.ops.msda.backends import cpu as cpu_impl
-from npudet.ops.msda.backends import cpu_isa
+from npudet.ops.msda.backends import cpu_isa, cpu_library
 from npudet.ops.msda.kernels.native_build import cache_dir
 
 CHECK = Path(__file__).resolve().parent / "cpu_variant_check.py"
@@ -72,10 +72,10 @@ def test_forced_refusal_reaches_the_caller(monkeypatch):
     monkeypatch.setenv(cpu_isa.ENV, "avx512")
     monkeypatch.setattr(cpu_isa, "machine", lambda: "x86_64")
     monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: V2)
-    monkeypatch.setattr(cpu_impl, "_chosen", {})
+    monkeypatch.setattr(cpu_library, "_state", {})
     (reason,) = cpu_impl.CPUImpl().unavailable_reasons()
     assert "NPUDET_CPU_ISA='avx512'" in reason
-    assert cpu_impl.isa() is None
+    assert cpu_library.isa() is None
     value, spatial, starts, loc, attn = random_inputs()
     with pytest.raises(ValueError, match="NPUDET_CPU_ISA='avx512'"):
         multi_scale_deformable_attn(value, spatial, starts, loc, attn, impl="cpu")
@@ -90,7 +90,7 @@ def test_this_cpu_reads_as_proc_cpuinfo_says():
         assert ("avx512" in runnable) == (V4 <= flags)
         assert ("avx2" in runnable) == (V3 <= flags)
     # The process's kernel is the first candidate (NPUDET_CPU_ISA as the run sets it).
-    assert cpu_impl.isa() == cpu_isa.candidates()[0].name
+    assert cpu_library.isa() == cpu_isa.candidates()[0].name
 
 
 def test_cache_is_keyed_by_variant(tmp_path):

@@ -11,7 +11,7 @@ import torch
 from msda_util import random_inputs, reference, run
 
 from npudet.ops import msda_impls
-from npudet.ops.msda.backends import cpu as cpu_impl
+from npudet.ops.msda.backends import cpu_library
 from npudet.ops.msda.backends.cpu_options import DEFAULT_PRIVATE_BUDGET_BYTES, CPUKernelOptions
 from npudet.ops.msda.checks import cpu_probe
 
@@ -30,7 +30,7 @@ def grads_of(options: CPUKernelOptions, inputs, grad_seed: int = 1):
     """Output and the three gradients of the cpu custom op run with ``options``."""
     value, spatial, starts, loc, attn = inputs
     leaves = [t.detach().clone().requires_grad_() for t in (value, loc, attn)]
-    out = cpu_impl.msda_cpu_forward(
+    out = cpu_library.forward_op()(
         leaves[0], spatial, starts, leaves[1], leaves[2], options.as_ints()
     )
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed))
@@ -66,12 +66,12 @@ def test_options_reach_the_kernel_as_its_struct():
     assert CPUKernelOptions().as_ints() == [0, 1, 1, 0, DEFAULT_PRIVATE_BUDGET_BYTES]
     opts = CPUKernelOptions("atomic", False, False, "head")
     assert opts.as_ints() == [2, 0, 0, 1, DEFAULT_PRIVATE_BUDGET_BYTES]
-    assert cpu_impl.ext().num_options() == len(opts.as_ints())
+    assert cpu_library.num_options() == len(opts.as_ints())
     inputs = random_inputs()
     # The kernel checks what it is given too (the custom op takes plain ints).
     for bad, match in (([0, 1, 1, 0], "expected 5 ints"), ([3, 1, 1, 0, 0], "backward code 3")):
         with pytest.raises(ValueError, match=match):
-            cpu_impl.msda_cpu_forward(*inputs, bad)
+            cpu_library.forward_op()(*inputs, bad)
 
 
 # Each ablation variant changes exactly the option its name says.
@@ -106,10 +106,9 @@ def test_auto_falls_back_to_ownership_beyond_the_private_budget(two_threads):
     need one slice; a budget of 0 sends auto to ownership, which then makes no copy."""
     batch, keys, heads, dim, queries = 1, 30, 2, 32, 9
     slice_bytes = keys * heads * dim * 4
-    ext = cpu_impl.ext()
 
     def plan(opts):
-        return ext.backward_plan(batch, keys, heads, dim, queries, 4, opts.as_ints())
+        return cpu_library.backward_plan(batch, keys, heads, dim, queries, 4, opts.as_ints())
 
     assert plan(CPUKernelOptions()) == ("private", 1, slice_bytes)
     assert plan(CPUKernelOptions(private_budget_bytes=slice_bytes)) == ("private", 1, slice_bytes)
@@ -119,9 +118,9 @@ def test_auto_falls_back_to_ownership_beyond_the_private_budget(two_threads):
     assert plan(CPUKernelOptions(backward="owner")) == ("owner", 1, 0)
     one_pair = [1, keys, 1, dim, queries, 4]
     owner = CPUKernelOptions(backward="owner")
-    assert ext.backward_plan(*one_pair, owner.as_ints()) == ("owner", 2, keys * dim * 4)
+    assert cpu_library.backward_plan(*one_pair, owner.as_ints()) == ("owner", 2, keys * dim * 4)
     starved = CPUKernelOptions(backward="owner", private_budget_bytes=keys * dim * 4 - 1)
-    assert ext.backward_plan(*one_pair, starved.as_ints()) == ("owner", 1, 0)
+    assert cpu_library.backward_plan(*one_pair, starved.as_ints()) == ("owner", 1, 0)
     # Both fallbacks compute the same gradients.
     inputs = random_inputs(shapes=((5, 6),), batch=batch, queries=queries, heads=heads, dim=dim)
     assert_matches_reference(grads_of(CPUKernelOptions(private_budget_bytes=0), inputs), inputs)

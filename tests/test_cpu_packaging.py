@@ -21,16 +21,20 @@ from npudet.ops.msda.backends import cpu_isa
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK = Path(__file__).resolve().parent / "cpu_variant_check.py"
-KERNEL = "npudet/ops/msda/kernels/csrc/cpu/msda_cpu.cpp"
+# The kernel's sources: at the top-level ops/ in the sdist, inside the package in the wheel.
+SDIST_KERNEL = "ops/msda_cpu/msda_cpu.cpp"
+KERNEL = "npudet/_native/msda_cpu/msda_cpu.cpp"
+NATIVE = ("msda_cpu/msda_cpu_ops.cpp", "msda_cpu/msda_cpu_autograd.cpp", "msda_cpu/msda_cpu.h")
 
 
 def _copy_checkout(dest: Path) -> Path:
     """The files a build reads, copied to a new folder ``dest``."""
     dest.mkdir()
-    for name in ("pyproject.toml", "MANIFEST.in", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy2(REPO / name, dest / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    shutil.copytree(REPO / "npudet", dest / "npudet", ignore=skip)
+    for folder in ("npudet", "ops"):
+        shutil.copytree(REPO / folder, dest / folder, ignore=skip)
     return dest
 
 
@@ -47,11 +51,14 @@ def test_sdist_and_wheel_carry_the_kernel_sources(tmp_path):
     )
     sdist = src / "sdist" / built.stdout.strip().splitlines()[-1]
     with tarfile.open(sdist) as tar:
-        assert any(n.endswith("/" + KERNEL) for n in tar.getnames())
+        assert any(n.endswith("/" + SDIST_KERNEL) for n in tar.getnames())
     # A wheel built from the sdist (as pip does for a source release) carries them too.
     _pip("wheel", str(sdist), "-w", str(tmp_path / "dist"), cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("npudet-*.whl")
-    assert KERNEL in zipfile.ZipFile(wheel).namelist()
+    names = zipfile.ZipFile(wheel).namelist()
+    assert KERNEL in names and all(f"npudet/_native/{rel}" in names for rel in NATIVE)
+    # One copy of each source: none elsewhere in the wheel.
+    assert [n for n in names if n.endswith("msda_cpu.cpp")] == [KERNEL]
 
 
 def test_installed_wheel_builds_and_runs_the_cpu_kernel(tmp_path):
@@ -71,9 +78,11 @@ def test_installed_wheel_builds_and_runs_the_cpu_kernel(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(report["npudet"]).is_relative_to(site)
-    assert Path(report["sources"]) == site / "npudet" / "ops" / "msda" / "kernels" / "csrc"
+    assert Path(report["sources"]) == site / "npudet" / "_native"
+    assert report["autograd"] == "C++ node"
     assert "cpu" in report["impls"]
     best = cpu_isa.runnable()[0].name
     assert report["isa"] == best
-    # Built into the empty cache, under the variant's own name.
-    assert [p.name.split("-")[0] for p in cache.iterdir()] == [f"npudet_msda_cpu_{best}"]
+    # Built into the empty cache: the variant's operators and the (variant-free) autograd node.
+    built = sorted(p.name.split("-")[0] for p in cache.iterdir())
+    assert built == ["npudet_msda_cpu_autograd", f"npudet_msda_cpu_{best}"]

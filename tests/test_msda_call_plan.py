@@ -156,9 +156,9 @@ def test_auto_logs_dtype_build_and_failed_verification(monkeypatch, caplog):
     call_plan.clear()  # the plan was decided on the patched verdict
     with caplog.at_level(logging.INFO, logger="npudet"):
         multi_scale_deformable_attn(*random_inputs())
-    from npudet.ops.msda.backends.cpu import isa
+    from npudet.ops.msda.backends.cpu_library import isa
 
-    assert f"using 'cpu' ({isa()} build)" in caplog.records[0].getMessage()
+    assert f"using 'cpu' ({isa()} build, autograd: C++ node)" in caplog.records[0].getMessage()
 
 
 def test_training_log_names_each_part_and_autos_choice(tiny_shapes, tmp_path):

@@ -8,7 +8,7 @@ from msda_util import DEVICE, EXERCISED, candidate_impls, random_inputs, run, to
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from npudet.ops import multi_scale_deformable_attn
-from npudet.ops.msda.backends import cpu as cpu_impl
+from npudet.ops.msda.backends import cpu_library
 from npudet.ops.msda.backends.cpu_options import CPUKernelOptions
 
 
@@ -60,13 +60,13 @@ def test_compile_fullgraph_forward_and_backward(impl, backend):
 def test_fake_kernels_match_real_shapes(options):
     variant = options.as_ints()
     inputs = random_inputs(batch=3, queries=4, heads=2, dim=5)
-    real_out = cpu_impl.msda_cpu_forward(*inputs, variant)
+    real_out = cpu_library.forward_op()(*inputs, variant)
     grad = torch.randn_like(real_out)
-    real_grads = cpu_impl.msda_cpu_backward(grad, *inputs, variant)
+    real_grads = cpu_library.backward_op()(grad, *inputs, variant)
     with FakeTensorMode() as mode:
         fake_inputs = [mode.from_tensor(t) for t in inputs]
-        fake_out = cpu_impl.msda_cpu_forward(*fake_inputs, variant)
-        fake_grads = cpu_impl.msda_cpu_backward(mode.from_tensor(grad), *fake_inputs, variant)
+        fake_out = cpu_library.forward_op()(*fake_inputs, variant)
+        fake_grads = cpu_library.backward_op()(mode.from_tensor(grad), *fake_inputs, variant)
     assert fake_out.shape == real_out.shape and fake_out.dtype == real_out.dtype
     for fake, real in zip(fake_grads, real_grads):
         assert fake.shape == real.shape and fake.dtype == real.dtype
@@ -76,7 +76,7 @@ def test_custom_op_passes_torch_opcheck():
     inputs = random_inputs(dtype=torch.float64, low=0.1, high=0.9)
     leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
     args = (*leaves, CPUKernelOptions().as_ints())
-    torch.library.opcheck(cpu_impl.msda_cpu_forward, args)
+    torch.library.opcheck(cpu_library.forward_op(), args)
 
 
 def test_variants_agree_with_each_other():

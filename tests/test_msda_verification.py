@@ -70,10 +70,10 @@ def _new_process() -> None:
     records.source_digest.cache_clear()
 
 
-def test_key_holds_sources_isa_versions_and_driver(fresh):
+def test_key_holds_sources_build_versions_and_driver(fresh):
     key = records.fingerprint("gather", "cpu")
-    assert list(key) == ["sources", "isa", *records.KEY_PACKAGES, "driver"]
-    assert key["torch"] == torch.__version__ and key["isa"] is None
+    assert list(key) == ["sources", "build", *records.KEY_PACKAGES, "driver"]
+    assert key["torch"] == torch.__version__ and key["build"] is None
     assert key["driver"] is None  # the CPU has none
     assert (
         len(key["sources"]) == 16
@@ -83,14 +83,20 @@ def test_key_holds_sources_isa_versions_and_driver(fresh):
 
 
 @pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
-def test_cpu_key_names_the_isa_variant_and_the_cpp_source(fresh):
-    from npudet.ops.msda.backends import cpu as cpu_impl
+def test_cpu_key_names_the_build_and_every_file_that_shapes_it(fresh):
+    from npudet.ops.msda.backends import cpu_library
+    from npudet.ops.msda.kernels.native_build import compiler_version
 
-    assert records.fingerprint("cpu_atomic", "cpu")["isa"] == cpu_impl.isa()
+    build = records.fingerprint("cpu_atomic", "cpu")["build"]
+    assert build == f"{cpu_library.isa()}; {compiler_version()}"
+    assert "unavailable" not in build
     sources = records.implementation_sources("cpu_atomic")
-    assert "kernels/csrc/cpu/" in sources and sources[0].endswith("backends/cpu.py")
-    names = [name for name, _ in records._source_files("kernels/csrc/cpu/")]
-    assert "msda_cpu.cpp" in names  # the folder's files, each hashed
+    assert sources[0].endswith("backends/cpu.py")
+    # The C++ folder, and the Python that picks the flags and builds it.
+    for entry in ("native:msda_cpu/", "backends/cpu_isa.py", "kernels/native_build.py"):
+        assert entry in sources
+    names = [name for name, path in records._source_files("native:msda_cpu/") if path]
+    assert {"msda_cpu.cpp", "msda_cpu_ops.cpp", "msda_cpu_autograd.cpp"} <= set(names)
 
 
 def test_every_listed_kernel_source_exists():

@@ -11,7 +11,7 @@ py="$venv/bin/python"
 torch_req="${NPUDET_TORCH:-torch==2.13.0}"
 
 stamp_key() {
-  cat pyproject.toml tools/setup.sh | sha256sum | cut -c1-16
+  cat pyproject.toml setup.py tools/setup.sh | sha256sum | cut -c1-16
 }
 
 if [ ! -x "$py" ]; then

@@ -1,6 +1,6 @@
 """The CPU kernel's design choices as one typed, validated option set.
 
-Each field is a compile-time template parameter of ``kernels/csrc/cpu/msda_cpu.cpp`` (the hot loops
+Each field is a compile-time template parameter of ``ops/msda_cpu/msda_cpu.cpp`` (the hot loops
 carry no branch on it); ``as_ints()`` is what the custom ops pass to the kernel, which
 parses it into its ``KernelOptions`` struct and checks it again.
 

@@ -110,7 +110,7 @@ class MMCVImpl(MSDAImpl):
     DTYPES = (torch.float16, torch.float32, torch.float64)
     # mmcv's own build is keyed by mmcv's version; the ``cuda_lib`` route by its sources and
     # the library $NPUDET_MMCV_CUDA_LIB names (``mmcv_cuda_lib``).
-    SOURCES = ("backends/mmcv_cuda_lib.py", "kernels/csrc/cuda/", "env:NPUDET_MMCV_CUDA_LIB")
+    SOURCES = ("backends/mmcv_cuda_lib.py", "native:mmcv_cuda/", "env:NPUDET_MMCV_CUDA_LIB")
 
     def unavailable_reasons(self) -> List[str]:
         # Without a device nothing can run: mmcv is not even imported to say more.

@@ -2,7 +2,7 @@
 
 mmcv 2.1.0's kernel (``ms_deform_attn_cuda.cu`` and the headers it includes) is taken from
 mmcv's source distribution, as pip downloads it from PyPI, into an ignored folder (the
-"bundle", never committed), and compiled with nvcc together with ``kernels/csrc/cuda/
+"bundle", never committed), and compiled with nvcc together with npudet's ``ops/mmcv_cuda/
 mmcv_msda_lib.cpp``, which registers it as ``torch.ops.npudet_mmcv.ms_deform_attn_forward``
 / ``..._backward`` with ``TORCH_LIBRARY``. The library links libtorch and the CUDA runtime
 only, so any Python can load it (``torch.ops.load_library``); it must be built against the
@@ -48,9 +48,9 @@ SOURCES = (
 LICENSE = f"mmcv-{MMCV_VERSION}/LICENSE"
 KERNEL = "pytorch/cuda/ms_deform_attn_cuda.cu"
 BUNDLE_DIR = "mmcv_msda"  # under the bundle's root (.gpu_kit)
-# npudet's own sources, under kernels/csrc/ (native_build.source_root).
-WRAPPER = "cuda/mmcv_msda_lib.cpp"
-COMPAT_HEADER = "cuda/compat/THC/THCAtomics.cuh"
+# npudet's own sources, under the native source root ``ops/`` (native_build.source_root).
+WRAPPER = "mmcv_cuda/mmcv_msda_lib.cpp"
+COMPAT_HEADER = "mmcv_cuda/compat/THC/THCAtomics.cuh"
 LIB_NAME = "libnpudet_mmcv_msda.so"
 LIB_ENV = "NPUDET_MMCV_CUDA_LIB"
 NAMESPACE = "npudet_mmcv"
@@ -187,7 +187,7 @@ def build_commands(
         *(f"-I{d}" for d in library_include_dirs(paths["root"])),
     ]
     if not (paths["include"] / "THC" / "THCAtomics.cuh").is_file():
-        includes.append(f"-I{ops_root / 'cuda' / 'compat'}")
+        includes.append(f"-I{ops_root / 'mmcv_cuda' / 'compat'}")
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 

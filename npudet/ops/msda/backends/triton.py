@@ -20,6 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 from npudet.utils.packages import importable
 
@@ -27,6 +28,7 @@ from .. import kernels
 from ..inputs import MSDAInputs, empty_output, register_fake_kernels
 from ..kernels.triton_launch import KernelLaunch, MSDAShape, plan_launches, schedule_for
 from ..registry import Kernel, MSDAImpl, register
+from .first_order import first_order
 
 _KERNELS = f"{kernels.__name__}.triton"
 
@@ -215,9 +217,12 @@ class _MSDATriton(torch.autograd.Function):
         ctx.save_for_backward(*tensors)
         return msda_triton_forward(*tensors)
 
+    # No jvp: forward-mode AD raises; the backward op has no formula: second order raises.
     @staticmethod
     def backward(ctx, grad_output):
-        grad_value, grad_loc, grad_attn = msda_triton_backward(grad_output, *ctx.saved_tensors)
+        grad_value, grad_loc, grad_attn = first_order(
+            "npudet::msda_triton_backward", msda_triton_backward, grad_output, *ctx.saved_tensors
+        )
         return grad_value, None, None, grad_loc, grad_attn
 
 
@@ -225,9 +230,13 @@ def msda_triton(*tensors: Tensor) -> Tensor:
     """The op's five inputs (value (bs, keys, heads, D), spatial_shapes, level_start_index,
     sampling_locations, attention_weights) -> (bs, num_queries, heads * D), differentiable
     w.r.t. value, sampling_locations and attention_weights; a call that needs no gradient
-    goes straight to the forward op."""
+    goes straight to the forward op. Inside forward-mode AD (a dual level open, as
+    ``torch.func.jvp`` opens one) every call goes through the Function, whose missing jvp
+    raises: a tangent is never dropped silently."""
     value, _, _, loc, attn = tensors
-    if torch.is_grad_enabled() and (value.requires_grad or loc.requires_grad or attn.requires_grad):
+    if (
+        torch.is_grad_enabled() and (value.requires_grad or loc.requires_grad or attn.requires_grad)
+    ) or forward_ad._current_level >= 0:
         return _MSDATriton.apply(*tensors)
     return msda_triton_forward(*tensors)
 

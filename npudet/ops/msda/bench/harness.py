@@ -40,7 +40,7 @@ import torch
 
 from ..api import multi_scale_deformable_attn
 from ..backends import cpu_isa
-from ..backends.cpu import isa
+from ..backends.cpu_library import isa
 from ..checks import cpu_probe
 from ..checks.parity import REFERENCE, errors
 from ..inputs import validate_inputs

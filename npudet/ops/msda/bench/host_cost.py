@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from ..api import multi_scale_deformable_attn
 from ..backends import cpu as cpu_impl
+from ..backends import cpu_library
 from ..inputs import validate_inputs
 from ..registry import get_impl, msda_impls
 
@@ -89,13 +90,14 @@ def _cpu_kernel_calls(inputs: Tuple[torch.Tensor, ...]) -> Calls:
     value, shapes, starts, loc, attn = (t.detach() for t in inputs)
     options = cpu_impl.CPUImpl.OPTIONS.as_ints()
     grad = torch.ones(1, 1, 8)
+    forward, backward = cpu_library.forward_op(), cpu_library.backward_op()
 
     def fwd():
-        return cpu_impl.msda_cpu_forward(value, shapes, starts, loc, attn, options)
+        return forward(value, shapes, starts, loc, attn, options)
 
     def fwd_bwd():
         fwd()
-        return cpu_impl.msda_cpu_backward(grad, value, shapes, starts, loc, attn, options)
+        return backward(grad, value, shapes, starts, loc, attn, options)
 
     return {"fwd_us": fwd, "fwd_bwd_us": fwd_bwd, "nograd_fwd_us": fwd}
 

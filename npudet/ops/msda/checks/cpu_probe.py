@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..backends import cpu as cpu_impl
+from ..backends import cpu_library
 
 
 class ProbePlan(NamedTuple):
@@ -83,7 +83,7 @@ def probe_plan(
 def gather_probe(rows: torch.Tensor, plan: ProbePlan, grain: int) -> torch.Tensor:
     """(N, D) sums of the corner rows of ``rows`` (num_rows, D) float32 that ``plan`` flags,
     per output row; work in chunks of ``grain`` output rows per thread."""
-    return cpu_impl.ext().gather_probe(
+    return cpu_library.gather_probe(
         rows, plan.top_left, plan.corners, plan.row_step, plan.x_step, grain
     )
 

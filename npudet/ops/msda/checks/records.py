@@ -4,10 +4,10 @@ reads, and the key (``fingerprint``) that says whether a record still holds.
 A record holds for a process whose ``fingerprint`` of the implementation equals the
 record's key: a hash of the sources the implementation runs (the modules of its classes
 and their ``MSDAImpl.SOURCES``: the C++ kernel, the Triton kernels and launch planners),
-its ``MSDAImpl.build_key()`` (the CPU kernel's instruction-set variant), the torch / triton /
-triton-ascend / mmcv / mx_driving / torch_npu versions and the device's driver (the device
-name is in the file's device key). The key is worked out at most once per process per
-(implementation, device type): sources are hashed once per process.
+its ``MSDAImpl.build_key()`` (the CPU kernel's instruction-set variant and compiler), the
+torch / triton / triton-ascend / mmcv / mx_driving / torch_npu versions and the device's
+driver (the device name is in the file's device key). The key is worked out at most once per
+process per (implementation, device type): sources are hashed once per process.
 
 Record store (``NPUDET_VERIFY_FILE``, default ``~/.cache/npudet/verified.json``)::
 
@@ -16,7 +16,7 @@ Record store (``NPUDET_VERIFY_FILE``, default ``~/.cache/npudet/verified.json``)
          "device_type": "cuda", "device_name": "NVIDIA L4",
          "records": {"triton": {"float32": {
              "correct": true, "error": "", "fwd_bwd_ms": 3.1, "case": "ddetr-enc",
-             "key": {"sources": "3f2a...", "isa": null, "torch": "2.6.0", "triton": "3.2.0",
+             "key": {"sources": "3f2a...", "build": null, "torch": "2.6.0", "triton": "3.2.0",
                      "triton-ascend": null, "mmcv": "2.1.0", "mx_driving": null,
                      "torch_npu": null, "driver": "550.54.15"}}}}}}}
 
@@ -50,11 +50,13 @@ from npudet.utils.device import device_name
 from npudet.utils.json_io import write_json_atomic
 
 from .. import call_plan
+from ..kernels.native_build import native_path
 from ..registry import MSDAImpl, get_impl
 
 VERIFY_FILE_ENV = "NPUDET_VERIFY_FILE"
 FORMAT_VERSION = 2
-# The ``npudet/ops/msda`` package: ``MSDAImpl.SOURCES`` are relative to it.
+# The ``npudet/ops/msda`` package: ``MSDAImpl.SOURCES`` are relative to it, but for
+# ``native:<path>`` (under the native source root, ``ops/``) and ``env:<VARIABLE>`` entries.
 PACKAGE = Path(__file__).resolve().parents[1]
 
 # Distributions whose version is part of every record's key: the code under each
@@ -103,6 +105,8 @@ def _source_path(entry: str) -> Optional[Path]:
     if entry.startswith("env:"):
         named = os.environ.get(entry[len("env:") :])
         path = Path(named) if named else None
+    elif entry.startswith("native:"):
+        path = native_path(entry[len("native:") :])
     else:
         path = PACKAGE / entry
     return path if path is not None and path.exists() else None
@@ -191,11 +195,11 @@ def fingerprint(impl: str, device_type: str) -> Dict[str, Optional[str]]:
     """What a verification of ``impl`` on ``device_type`` holds for: the record's key.
 
     Worked out once per process per (impl, device type); callers must not modify it.
-    ``isa`` is the implementation's ``build_key()`` (the ``cpu`` kernel's instruction-set
-    variant, building the kernel if needed; None for the others).
+    ``build`` is the implementation's ``build_key()`` (the ``cpu`` kernel's instruction-set
+    variant and compiler, building the kernel if needed; None for the others).
     """
     key: Dict[str, Optional[str]] = {"sources": source_digest(tuple(implementation_sources(impl)))}
-    key["isa"] = get_impl(impl).build_key()
+    key["build"] = get_impl(impl).build_key()
     for package in KEY_PACKAGES:
         key[package] = _distribution_version(package)
     key["driver"] = driver_version(device_type)

@@ -1,2 +1,3 @@
-"""The kernels the backends run: Triton kernels and their launch planners, the native
-(C++/CUDA) sources under ``csrc/`` and their build-on-first-use. Imports nothing of npudet."""
+"""The kernels the backends run: Triton kernels and their launch planners, and the
+build-on-first-use of the native (C++/CUDA) libraries whose sources are the repository's
+top-level ``ops/``. Imports nothing of npudet."""

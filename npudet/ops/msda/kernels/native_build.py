@@ -1,35 +1,44 @@
-"""Build-on-first-use of the native kernels with ``torch.utils.cpp_extension``.
+"""Build-on-first-use of the native operator libraries with ``torch.utils.cpp_extension``.
 
-The sources are this package's ``csrc/`` (shipped as package data: the same place in a
-checkout and in an installed wheel). Builds land in a cache keyed by the extension name, the
-sources, the compiler flags, torch, Python and the architecture (and the CPU model for a
-build tied to one CPU), so a second process loads in milliseconds. Set ``NPUDET_EXT_CACHE``
-to move the cache.
-
+The sources are the repository's top-level ``ops/`` (one folder per library, see its
+README). A checkout and an editable install read them there; a wheel carries them as
+``npudet/_native/`` (``setup.py``). A library is built as a plain shared object that
+registers torch operators (``TORCH_LIBRARY``) and links libtorch only, never
+libtorch_python: a C++ program with no Python can load the same build. Builds land in a
+cache keyed by the library's name, its folder's sources, the compiler and its flags, torch,
+Python and the architecture (and the CPU model for a build tied to one CPU), so a second
+process loads in milliseconds. ``NPUDET_EXT_CACHE`` moves the cache.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import warnings
 from pathlib import Path
-from types import ModuleType
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
-CSRC = Path(__file__).resolve().parent / "csrc"
+_PACKAGE = Path(__file__).resolve().parents[3]  # the npudet package folder
+# Where the native sources are, in order: inside an installed wheel, then the checkout.
+SOURCE_ROOTS = (_PACKAGE / "_native", _PACKAGE.parent / "ops")
+CACHE_ENV = "NPUDET_EXT_CACHE"
 
-_loaded: Dict[str, Union[ModuleType, str]] = {}
+_loaded: Dict[str, Union[Path, str]] = {}
 
 # -fno-trapping-math lets the compiler vectorise branch-free selects and floor (nothing
 # here runs with floating-point traps enabled; NaN and inf are still honoured). The
 # instruction set (-march) is the caller's: one build per variant.
 FLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math"]
+# cpp_extension links every library against libtorch_python; --as-needed drops it (and any
+# other library whose symbols the sources do not use), so the build loads without Python.
+LDFLAGS = ["-Wl,--as-needed", "-fopenmp"]
 
 
 def _cpu_model() -> str:
@@ -43,48 +52,96 @@ def _cpu_model() -> str:
 
 
 def source_root(relative_sources: Sequence[str]) -> Optional[Path]:
-    """``CSRC`` if it holds every one of ``relative_sources``, else None."""
-    return CSRC if all((CSRC / rel).is_file() for rel in relative_sources) else None
+    """The first of ``SOURCE_ROOTS`` that holds every one of ``relative_sources``, or None."""
+    for root in SOURCE_ROOTS:
+        if all((root / rel).is_file() for rel in relative_sources):
+            return root
+    return None
+
+
+def native_path(relative: str) -> Optional[Path]:
+    """The file or folder ``relative`` under the first of ``SOURCE_ROOTS`` that has it, or None."""
+    for root in SOURCE_ROOTS:
+        if (root / relative).exists():
+            return root / relative
+    return None
+
+
+def compiler() -> str:
+    """The C++ compiler torch's extensions use: ``$CXX``, else ``c++``."""
+    return os.environ.get("CXX", "c++")
+
+
+@functools.cache
+def compiler_version(cxx: Optional[str] = None) -> str:
+    """The first line ``cxx --version`` prints (``"c++ (Debian 12.2.0-14) 12.2.0"``), or why
+    there is none; part of every build key and of the ``cpu`` records' key."""
+    cxx = cxx or compiler()
+    try:
+        done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unavailable: {exc}"
+    lines = done.stdout.strip().splitlines()
+    return lines[0] if done.returncode == 0 and lines else f"unavailable: exit {done.returncode}"
+
+
+def cache_root() -> Path:
+    """``$NPUDET_EXT_CACHE``, else ``~/.cache/npudet/ext``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "npudet" / "ext")
 
 
 def cache_dir(
     name: str, sources: Sequence[Path], flags: Sequence[str], cpu_specific: bool = False
 ) -> Path:
-    """The build folder for extension ``name`` from ``sources`` compiled with ``flags``."""
+    """The build folder for library ``name`` from ``sources`` compiled with ``flags``."""
     digest = hashlib.sha256()
     headers = sorted({h for src in sources for h in src.parent.glob("*.h")})
     for src in [*sources, *headers]:  # a header edit must rebuild too
         digest.update(src.read_bytes())
-    parts = [*flags, torch.__version__, sys.version, platform.machine()]
+    parts = [*flags, compiler_version(), torch.__version__, sys.version, platform.machine()]
     if cpu_specific:
         parts.append(_cpu_model())
     for part in parts:
         digest.update(part.encode())
-    root = Path(os.environ.get("NPUDET_EXT_CACHE", Path.home() / ".cache" / "npudet" / "ext"))
-    return root / f"{name}-{digest.hexdigest()[:16]}"
+    return cache_root() / f"{name}-{digest.hexdigest()[:16]}"
 
 
 def compiler_missing() -> Optional[str]:
-    """Why no C++ extension can be built here, or None."""
-    cxx = os.environ.get("CXX", "c++")
+    """Why no C++ library can be built here, or None."""
+    cxx = compiler()
     if shutil.which(cxx) is None:
         return f"no C++ compiler ({cxx!r} not on PATH; set CXX)"
     return None
 
 
-def load_extension(
+def _failure(name: str, exc: Exception) -> str:
+    """One line from a failed build: the compiler's first diagnostic (``file:line: error:``),
+    else the first line naming an error, else the last line."""
+    lines = str(exc).strip().splitlines()
+    errors = (
+        [line for line in lines if "error:" in line]
+        or [line for line in lines if "error" in line.lower()]
+        or lines[-1:]
+        or [repr(exc)]
+    )
+    return f"building {name} failed: {errors[0].strip()[:300]}"
+
+
+def load_library(
     name: str,
     relative_sources: List[str],
     extra_flags: Sequence[str] = (),
     cpu_specific: bool = False,
     extra_ldflags: Sequence[str] = (),
-) -> Union[ModuleType, str]:
-    """Build (once) and import extension ``name``; on failure return the reason as a string.
+    what: str = "",
+) -> Union[Path, str]:
+    """Build (once) and load operator library ``name``: its path, or why not (a string).
 
-    ``relative_sources`` are paths under ``csrc/``; ``extra_flags`` follow ``FLAGS`` (e.g.
-    ``-march=x86-64-v3``); ``cpu_specific`` keys the cache by this CPU (``-march=native``);
-    ``extra_ldflags`` follow ``-fopenmp`` at link time.
-    Each distinct build needs a distinct ``name``: torch imports an extension by name.
+    ``relative_sources`` are paths under the native source root; ``extra_flags`` follow
+    ``FLAGS`` (e.g. ``-march=x86-64-v3``); ``cpu_specific`` keys the cache by this CPU
+    (``-march=native``); ``extra_ldflags`` follow ``LDFLAGS``; ``what`` names the library
+    in the line printed when a build starts. A failure warns once and is remembered. Each
+    distinct build needs a distinct ``name``: torch loads a library by its file name.
     """
     if name in _loaded:
         return _loaded[name]
@@ -94,29 +151,50 @@ def load_extension(
         return missing
     root = source_root(relative_sources)
     if root is None:
-        _loaded[name] = f"kernel sources {relative_sources} not found under {CSRC}"
+        where = " or ".join(str(r) for r in SOURCE_ROOTS)
+        _loaded[name] = f"native sources {relative_sources} not found under {where}"
         return _loaded[name]
     from torch.utils.cpp_extension import load
 
     sources = [root / rel for rel in relative_sources]
     flags = [*FLAGS, *extra_flags]
-    build = cache_dir(name, sources, flags, cpu_specific)
-    build.mkdir(parents=True, exist_ok=True)
     try:
-        module = load(
+        build = cache_dir(name, sources, flags, cpu_specific)
+        library = build / f"{name}.so"
+        # The folder's key already names the sources, compiler and flags: a library there is
+        # current, and loading it directly skips ninja's check (and a rebuild when only the
+        # compiler's path differs). One that does not load (a build cut short) is rebuilt.
+        if library.is_file() and _loads(library):
+            _loaded[name] = library
+            return library
+        build.mkdir(parents=True, exist_ok=True)
+        print(
+            f"npudet: building {what or name} into {build} (once; about a minute)",
+            file=sys.stderr,
+            flush=True,
+        )
+        load(
             name=name,
             sources=[str(s) for s in sources],
             extra_cflags=flags,
-            extra_ldflags=["-fopenmp", *extra_ldflags],
+            extra_ldflags=[*LDFLAGS, *extra_ldflags],
             build_directory=str(build),
+            is_python_module=False,
             verbose=False,
         )
-    except Exception as exc:  # a compiler error, a missing header: fall back, say why
-        lines = str(exc).strip().splitlines()
-        errors = [line for line in lines if "error" in line.lower()] or lines[-1:]
-        reason = f"building {name} failed: {errors[0].strip()[:300]}"
-        warnings.warn(f"npudet: {reason}; MSDA falls back to other implementations", stacklevel=2)
+    except Exception as exc:  # a compiler error, a missing header, an unusable cache: say why
+        reason = _failure(name, exc)
+        warnings.warn(f"npudet: {reason}", stacklevel=2)
         _loaded[name] = reason
         return reason
-    _loaded[name] = module
-    return module
+    _loaded[name] = library
+    return library
+
+
+def _loads(library: Path) -> bool:
+    """Load ``library`` into this process; False if the file is not a loadable library."""
+    try:
+        torch.ops.load_library(str(library))
+    except OSError:
+        return False
+    return True

@@ -39,8 +39,8 @@
 //   * all offsets are int64.
 #include "msda_cpu.h"
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
@@ -828,30 +828,17 @@ std::vector<at::Tensor> msda_backward(const at::Tensor& grad_output, const at::T
   return {gvalue, gloc, gattn};
 }
 
-}  // namespace npudet
+int64_t num_options() { return static_cast<int64_t>(kNumOptions); }
 
-namespace {
-
-// The backward strategy `options` resolves to for these sizes on this process's threads:
-// (name, ownership chunks, bytes of private grad_value copies). For tests and tools.
-std::tuple<std::string, int64_t, int64_t> backward_plan(int64_t B, int64_t K, int64_t NH,
-                                                        int64_t D, int64_t Q, int64_t elem_bytes,
-                                                        const std::vector<int64_t>& options) {
+std::vector<int64_t> backward_plan(int64_t B, int64_t K, int64_t NH, int64_t D, int64_t Q,
+                                   int64_t elem_bytes, const std::vector<int64_t>& options) {
   const KernelOptions o = parse_options(options);
   TORCH_CHECK_VALUE(B > 0 && K > 0 && NH > 0 && D > 0 && Q > 0 && elem_bytes > 0,
                     "backward_plan: expected positive sizes");
   const BackwardPlan p = plan_backward(Dims{B, K, NH, D, 1, Q, 1}, o, elem_bytes);
-  const char* name = p.strategy == Strategy::kPrivate ? "private"
-                     : p.strategy == Strategy::kOwner ? "owner"
-                                                      : "atomic";
-  return {name, p.chunks, p.extra_bytes};
+  return {static_cast<int64_t>(p.strategy), p.chunks, p.extra_bytes};
 }
 
-// Gather-only probe for the benchmark: out[r] = the sum of rows[index[r, j]] over j (an
-// entry outside [0, num_rows), e.g. -1, is no row), rows r in parallel with grain `grain`,
-// the next r's rows prefetched as the kernel prefetches its next row's corners. The loads
-// of the forward with nothing else computed: its time is the machine's row-load limit for
-// that access pattern.
 at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& top_left,
                         const at::Tensor& corners, const at::Tensor& row_step, int64_t x_step,
                         int64_t grain) {
@@ -916,12 +903,4 @@ at::Tensor gather_probe(const at::Tensor& rows, const at::Tensor& top_left,
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("backward_plan", &backward_plan,
-        "backward strategy for sizes (B, K, NH, D, Q, elem_bytes, options): name, chunks, "
-        "bytes of private copies");
-  m.def("gather_probe", &gather_probe, "sum of indexed rows: the row-load limit probe");
-  m.def("num_options", [] { return static_cast<int64_t>(kNumOptions); });
-}
+}  // namespace npudet

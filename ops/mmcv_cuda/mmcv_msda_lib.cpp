@@ -1,6 +1,6 @@
 // mmcv 2.1.0's MSDA CUDA kernel as torch operators, with no Python in between.
 //
-// Built by npudet/ops/msda/mmcv_cuda_lib.py together with mmcv's own
+// Built by npudet/ops/msda/backends/mmcv_cuda_lib.py together with mmcv's own
 // pytorch/cuda/ms_deform_attn_cuda.cu, taken from mmcv's source distribution at
 // build time (never kept in this repository). The library registers its operators
 // with TORCH_LIBRARY, so it links against libtorch only (no Python ABI) and is loaded
