@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from npudet.ops import multi_scale_deformable_attn
+from npudet.ops.msda import LevelPairs, shapes_tensor
 
 
 class DeformableAttention:
@@ -79,8 +80,8 @@ class DeformableAttention:
         query: Tensor,
         value: Tensor,
         reference_points: Tensor,
-        spatial_shapes: Tensor,
-        level_start_index: Tensor,
+        spatial_shapes: Union[Tensor, LevelPairs],
+        level_start_index: Optional[Tensor],
         weight_mask: Optional[Tensor] = None,
     ) -> Tensor:
         """Sample ``value`` around ``reference_points`` with offsets and weights from ``query``.
@@ -92,7 +93,9 @@ class DeformableAttention:
                 levels or 1, 2), per level and point (bs * groups, nq, levels or 1,
                 points, 2), or boxes (bs * groups, nq, levels or 1, 4) as (cx, cy, w, h)
                 whose offsets are scaled by half the box over ``num_points`` (mmcv).
-            spatial_shapes: (levels, 2) long (H, W); level_start_index: (levels,) long.
+            spatial_shapes: (levels, 2) long (H, W), or (H, W) pairs (the op's ``levels``:
+                what keeps feature-map sizes dynamic under torch.export);
+                level_start_index: (levels,) long, None: derived.
             weight_mask: multiplies the softmaxed weights, broadcastable to
                 (bs * groups, nq, heads, levels, points).
 
@@ -121,7 +124,8 @@ class DeformableAttention:
                 f"reference_points: expected 4 or 5 dims, got shape {tuple(reference_points.shape)}"
             )
         if ref.shape[-1] == 2:
-            normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
+            shapes = shapes_tensor(spatial_shapes, query.device)
+            normalizer = torch.stack([shapes[..., 1], shapes[..., 0]], -1)
             locations = ref + offsets / normalizer[None, None, None, :, None, :]
         elif ref.shape[-1] == 4:
             locations = ref[..., :2] + offsets / points * ref[..., 2:] * 0.5

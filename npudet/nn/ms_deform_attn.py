@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-import torch
 from torch import Tensor, nn
 
-from npudet.ops.msda import check_impl_name
+from npudet.ops.msda import LevelPairs, check_impl_name
 
 from .deformable_attention import DeformableAttention
 
@@ -66,7 +65,7 @@ class MSDeformAttn(DeformableAttention, nn.Module):
         query_pos: Optional[Tensor] = None,
         key_padding_mask: Optional[Tensor] = None,
         reference_points: Optional[Tensor] = None,
-        spatial_shapes: Optional[Tensor] = None,
+        spatial_shapes: Optional[Union[Tensor, LevelPairs]] = None,
         level_start_index: Optional[Tensor] = None,
         **kwargs: Any,
     ) -> Tensor:
@@ -76,8 +75,9 @@ class MSDeformAttn(DeformableAttention, nn.Module):
         default ``query``; identity default ``query`` (before ``query_pos`` is added);
         key_padding_mask (bs, keys), True where a key is padding; reference_points
         (bs, nq, levels, 2) points or (bs, nq, levels, 4) boxes, normalised to [0, 1];
-        spatial_shapes (levels, 2) long (H, W); level_start_index (levels,) long, derived
-        from ``spatial_shapes`` when None. ``key`` and ``kwargs`` are ignored, as mmcv does.
+        spatial_shapes (levels, 2) long (H, W), or (H, W) pairs (dynamic feature-map sizes under
+        torch.export); level_start_index (levels,) long, derived from ``spatial_shapes`` when
+        None. ``key`` and ``kwargs`` are ignored, as mmcv does.
         Returns the shape of ``query``.
         """
         if value is None:
@@ -91,9 +91,6 @@ class MSDeformAttn(DeformableAttention, nn.Module):
             value = value.permute(1, 0, 2)
         if reference_points is None or spatial_shapes is None:
             raise ValueError("reference_points and spatial_shapes are required")
-        if level_start_index is None:
-            areas = spatial_shapes[:, 0] * spatial_shapes[:, 1]
-            level_start_index = torch.cat((areas.new_zeros(1), areas.cumsum(0)[:-1]))
         if reference_points.dim() != 4:
             raise ValueError(
                 f"reference_points: expected (bs, nq, levels, 2 or 4), "

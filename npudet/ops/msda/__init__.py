@@ -2,13 +2,14 @@
 
 Layers, highest first (a module imports only from its own layer or lower ones):
 ``bench`` > ``api`` > ``auto`` > ``checks`` > ``backends`` > ``kernels``, with the core
-``registry`` > ``call_plan`` > ``inputs`` / ``observe`` below ``backends``.
+``registry`` > ``call_plan`` > ``inputs`` / ``observe`` > ``levels`` below ``backends``.
 """
 
 from . import backends  # noqa: F401  (registers the implementations)
 from .api import multi_scale_deformable_attn, prepare
 from .auto import auto_order, select_impl
 from .inputs import MSDAInputs, validate_inputs
+from .levels import LevelPairs, level_start_index, shapes_tensor
 from .registry import (
     MSDAImpl,
     check_impl_name,
@@ -21,11 +22,13 @@ from .registry import (
 )
 
 __all__ = [
+    "LevelPairs",
     "MSDAImpl",
     "MSDAInputs",
     "auto_order",
     "check_impl_name",
     "get_impl",
+    "level_start_index",
     "msda_impls",
     "msda_variants",
     "multi_scale_deformable_attn",
@@ -34,5 +37,6 @@ __all__ = [
     "register_variant",
     "registered_impls",
     "select_impl",
+    "shapes_tensor",
     "validate_inputs",
 ]

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Dict, Sequence, Union
+from typing import Dict, Optional, Sequence, Union
 
 import torch
 
 from . import call_plan, observe
 from .auto import nondeterministic_reason, select_impl
 from .inputs import MSDAInputs, validate_inputs
+from .levels import as_level_pairs, check_pairs_cover, level_shapes_tensor
+from .levels import level_start_index as level_start_index_of
 
 
 def multi_scale_deformable_attn(
     value: torch.Tensor,
-    spatial_shapes: torch.Tensor,
-    level_start_index: torch.Tensor,
+    spatial_shapes: Union[torch.Tensor, Sequence[Sequence[int]]],
+    level_start_index: Optional[torch.Tensor],
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
     impl: str = "auto",
@@ -26,8 +28,10 @@ def multi_scale_deformable_attn(
 
     Args:
         value: (bs, num_keys, num_heads, head_dim) float.
-        spatial_shapes: (num_levels, 2) int, (H, W) per level; sum of H*W = num_keys.
-        level_start_index: (num_levels,) int, cumulative H*W.
+        spatial_shapes: (num_levels, 2) int tensor, (H, W) per level; sum of H*W =
+            num_keys. Or a sequence of (H, W) pairs: ints, or feature maps' sizes, which stay
+            symbolic under ``torch.export`` (``levels``; such a call takes no plan).
+        level_start_index: (num_levels,) int, cumulative H*W; None: derived.
         sampling_locations: (bs, num_queries, num_heads, num_levels, num_points, 2), (x, y).
         attention_weights: (bs, num_queries, num_heads, num_levels, num_points).
         impl: a name from ``msda_impls()`` (or an experiment variant from
@@ -47,6 +51,13 @@ def multi_scale_deformable_attn(
         )
     if not isinstance(impl, str):
         raise TypeError(f"impl: expected a string, got {type(impl).__name__}")
+    pairs = None
+    if not isinstance(spatial_shapes, torch.Tensor):
+        pairs = as_level_pairs(spatial_shapes)
+        device = value.device if isinstance(value, torch.Tensor) else None
+        spatial_shapes = level_shapes_tensor(pairs, device)
+    if level_start_index is None:
+        level_start_index = level_start_index_of(spatial_shapes)
     compiling = torch.compiler.is_compiling()
     inputs = validate_inputs(
         value,
@@ -56,9 +67,13 @@ def multi_scale_deformable_attn(
         attention_weights,
         check_values=not compiling,
     )
+    if pairs is not None:
+        check_pairs_cover(pairs, inputs.num_keys)
     chosen = select_impl(impl, inputs)
-    if compiling or not call_plan.plannable(impl, value):
-        # Traced, a subclass (FakeTensor) or observed: served without a plan.
+    if compiling or pairs is not None or not call_plan.plannable(impl, value):
+        # Traced, level pairs, a subclass (FakeTensor) or observed: served without a plan.
+        # An implementation that reads the level shapes on the host takes the pairs.
+        shapes = {"level_shapes": pairs} if pairs is not None and chosen.TAKES_LEVEL_SHAPES else {}
         if observe._ACTIVE and not compiling:
             call = observe.MSDACall(
                 chosen.NAME,
@@ -68,10 +83,9 @@ def multi_scale_deformable_attn(
                 sampling_locations,
                 attention_weights,
             )
-            return observe.run_observed(call, lambda c: chosen.forward(*c.tensors()))
-        return chosen.forward(
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
-        )
+            return observe.run_observed(call, lambda c: chosen.forward(*c.tensors(), **shapes))
+        tensors = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+        return chosen.forward(*tensors, **shapes)
     kernel = chosen.bind(inputs)
     if not nondeterministic_reason(chosen, inputs):  # else warned on every call: no plan
         key = call_plan.signature(

@@ -155,11 +155,13 @@ def validate_inputs(
     if len(set(devices.values())) != 1:
         listed = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
         raise ValueError(f"all inputs must be on one device, got {listed}")
-    if min(bs, num_keys, num_heads, head_dim, num_levels, num_queries, num_points) == 0:
+    sizes = (bs, num_keys, num_heads, head_dim, num_levels, num_queries, num_points)
+    # One comparison per size, not min(): under torch.export min() of symbolic and fixed
+    # sizes guards each symbol against the fixed ones and specializes it.
+    if any(size == 0 for size in sizes):
         raise ValueError(
             "value, sampling_locations: empty dimension in "
-            f"(bs, num_keys, num_heads, head_dim, num_levels, num_queries, num_points) = "
-            f"{(bs, num_keys, num_heads, head_dim, num_levels, num_queries, num_points)}"
+            f"(bs, num_keys, num_heads, head_dim, num_levels, num_queries, num_points) = {sizes}"
         )
     if check_values:
         _check_levels(spatial_shapes, level_start_index, num_keys)

@@ -37,6 +37,10 @@ class MSDAImpl:
     # of that folder; ``env:NAME`` is the file the environment variable names (a library
     # built on the machine).
     SOURCES: Tuple[str, ...] = ()
+    # Whether ``forward`` takes ``level_shapes=`` (the (H, W) pairs, when the caller gave
+    # them): an implementation that reads the level shapes on the host uses them instead of
+    # reading ``spatial_shapes``, which a tracer could only see as data (``levels``).
+    TAKES_LEVEL_SHAPES: bool = False
 
     def unavailable_reasons(self) -> List[str]:
         """Why this implementation cannot run on this machine at all ([] if it can)."""

@@ -3,10 +3,21 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
 
+from ..levels import LevelPairs
 from ..registry import MSDAImpl, register
+
+
+def _traced_by_export(spatial_shapes: torch.Tensor) -> bool:
+    """Whether ``spatial_shapes`` is a tensor ``torch.export`` is tracing (whose values are
+    data to it). A real tensor during an export (``auto``'s verification) reads as usual."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
+    return bool(is_exporting and is_exporting()) and is_fake(spatial_shapes)
 
 
 def msda_grid_sample(
@@ -15,17 +26,28 @@ def msda_grid_sample(
     level_start_index: torch.Tensor,
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
+    level_shapes: Optional[LevelPairs] = None,
 ) -> torch.Tensor:
     """Reference MSDA. value (bs, keys, heads, D) -> (bs, num_queries, heads * D).
 
-    Reads ``spatial_shapes`` on the host (as mmcv does), so ``torch.compile`` breaks the
-    graph here; use ``gather`` or a fused implementation inside compiled code. Any
-    floating dtypes (see ``inputs``): half precision is computed in float32, the output
+    Splits and reshapes by the level shapes: ``level_shapes`` (H, W) pairs when the caller
+    has them (symbolic under ``torch.export``), else ``spatial_shapes`` read on the host (as
+    mmcv does), so ``torch.compile`` breaks the graph there and ``torch.export`` refuses it.
+    Any floating dtypes (see ``inputs``): half precision is computed in float32, the output
     has value's dtype.
     """
     bs, _, num_heads, head_dim = value.shape
     _, num_queries, _, num_levels, num_points, _ = sampling_locations.shape
-    shapes = [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
+    if level_shapes is not None:
+        shapes = list(level_shapes)
+    elif _traced_by_export(spatial_shapes):
+        raise ValueError(
+            "spatial_shapes: under torch.export, grid_sample needs the level shapes as (H, W) "
+            "pairs from the feature maps' .shape (a tensor's values are data to the exporter); "
+            "pass the pairs, or use impl='cpu' or 'gather', which take the tensor"
+        )
+    else:
+        shapes = [(int(h), int(w)) for h, w in spatial_shapes.tolist()]
     # grid_sample needs one dtype for value and grid; half precision would put the grid
     # (pixel coordinates) and the level/point sums in 8-11 bits, so compute in float32.
     compute = torch.promote_types(value.dtype, torch.float32)
@@ -65,9 +87,12 @@ class GridSampleImpl(MSDAImpl):
     # grid_sample's CPU backward writes each image's gradient from one thread (tested
     # bitwise); on CUDA it adds atomically and torch itself refuses it in deterministic mode.
     DETERMINISTIC = ("cpu",)
+    TAKES_LEVEL_SHAPES = True
 
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return msda_grid_sample(*tensors)
+    def forward(
+        self, *tensors: torch.Tensor, level_shapes: Optional[LevelPairs] = None
+    ) -> torch.Tensor:
+        return msda_grid_sample(*tensors, level_shapes=level_shapes)
 
 
 register(GridSampleImpl())
