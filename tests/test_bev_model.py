@@ -176,14 +176,8 @@ def test_bev_configs_build(name: str) -> None:
     model = MODELS.build(cfg.model)
     assert model.msda_impls == {"encoder": "auto", "decoder": "grid_sample"}
     assert model.bbox_head.decoder[0].cross_attn.impl == "grid_sample"
-    # one training step on a random 6-camera batch: the config's parts fit together
-    model.init_weights()
-    model.train()
-    data = model.data_preprocessor(random_batch(b=1, t=2, n=6), True)
-    losses = model(**data, mode="loss")
-    assert all(torch.isfinite(v) for v in losses.values())
-    sum(losses.values()).backward()
-    assert model.encoder.layers[0].sca.value_proj.weight.grad.abs().sum() > 0
+    # one training step of every shipped config, these included (finite losses, gradients
+    # at every MSDA layer): tests/test_shipped_configs.py
 
 
 def sca_test_cameras(b: int = 2, n: int = 3) -> torch.Tensor:

@@ -4,7 +4,7 @@
 # config: model.msda; COCO evaluation on faster-coco-eval when installed (same 12 numbers as
 # pycocotools); TensorBoard scalars next to the local JSON log, as in npudet's other configs.
 # Everything else is mmdet's, the backbone's init_cfg included: ImageNet-pretrained
-# torchvision://resnet50, downloaded by torchvision on first use (offline: point it at a local
+# torchvision://resnet50, downloaded on first use, which needs torchvision (offline: a local
 # file, --cfg-options model.backbone.init_cfg.checkpoint=PATH/resnet50.pth; from scratch:
 # --cfg-options model.backbone.init_cfg=None). tests/test_shipped_configs.py holds the
 # differences from mmdet's configs to this list.

@@ -3,9 +3,9 @@
 # stage 4 + 1-level FPN, 256 dims, 900 queries, 10 classes, 6 cameras, queue of 3, 800x450
 # images, AdamW 2e-4 (backbone x0.1), 24 epochs, as BEVFormer's bevformer_tiny.py.
 # The backbone starts, as BEVFormer-tiny's (pretrained=dict(img='torchvision://resnet50')),
-# from ImageNet-pretrained torchvision://resnet50, downloaded on first use (offline:
-# --cfg-options model.backbone.init_cfg.checkpoint=PATH/resnet50.pth; from scratch:
-# model.backbone.init_cfg=None). Where npudet differs from BEVFormer-tiny, and why:
+# from ImageNet-pretrained torchvision://resnet50, downloaded on first use through
+# torchvision (offline: --cfg-options model.backbone.init_cfg.checkpoint=PATH/resnet50.pth;
+# from scratch: model.backbone.init_cfg=None). Where npudet differs from BEVFormer-tiny, and why:
 # - npudet's own encoder and head (npudet.bev), not BEVFormer's mmdet3d 0.x code: temporal
 #   self-attention samples the previous BEV at cells moved by the ego poses (ego2global) in
 #   place of BEVFormer's CAN-bus input, rotate_prev_bev and use_shift (npudet's infos carry
