@@ -22,12 +22,40 @@ def small_cfg(path: str = SMALL_DETR, **msda: Optional[str]) -> Config:
     return cfg
 
 
+def drop_pretrained(cfg: Config) -> List[str]:
+    """Set every ``init_cfg`` of type ``Pretrained`` in ``cfg.model`` to None, in place, and
+    return where they were (dotted paths): the COCO and BEVFormer-tiny configs start their
+    backbone from ``torchvision://resnet50`` as mmdet's and BEVFormer's do, and the tests
+    never download weights."""
+    found = []
+
+    def walk(node, path: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in list(items):
+            where = f"{path}.{key}"
+            if key == "init_cfg" and value is not None:
+                # one init_cfg dict or a list of them: keep the other initialisers
+                cfgs = value if isinstance(value, list) else [value]
+                kept = [c for c in cfgs if c.get("type") != "Pretrained"]
+                if len(kept) < len(cfgs):
+                    node[key] = kept if isinstance(value, list) and kept else None
+                    found.append(where)
+            elif isinstance(value, (dict, list)):
+                walk(value, where)
+
+    walk(cfg.model, "model")
+    return found
+
+
 def build_model(cfg: Config, seed: int = 0) -> torch.nn.Module:
+    """Build and initialise ``cfg.model`` from ``seed``; pretrained weights are dropped
+    first (:func:`drop_pretrained`: nothing is downloaded)."""
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
 
     import npudet.models  # noqa: F401
 
+    drop_pretrained(cfg)
     init_default_scope("mmdet")
     torch.manual_seed(seed)
     model = MODELS.build(cfg.model)

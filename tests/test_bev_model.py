@@ -6,6 +6,7 @@ import pytest
 import torch
 from bev_util import IMG_HW, PC_RANGE, random_batch, ring_lidar2img, small_model, tiny_encoder
 from mmengine.structures import InstanceData
+from plugin_util import drop_pretrained
 
 from npudet.bev.models import BEVFormer, SpatialCrossAttention
 from npudet.bev.models.spatial_cross_attention import (
@@ -168,21 +169,15 @@ def test_bev_configs_build(name: str) -> None:
     assert cfg.model.type == "BEVFormer" and cfg.model.msda.impl == "auto"
     assert cfg.model.use_temporal is True and cfg.train_dataloader.dataset.queue_length >= 2
     assert cfg.custom_imports.imports == ["npudet.plugin"]
-    assert cfg.model.backbone.init_cfg is None  # nothing is downloaded
+    drop_pretrained(cfg)  # BEVFormer-tiny's ImageNet ResNet-50: the tests download nothing
     assert cfg.val_evaluator.type == "BEVDetMetric"
     init_default_scope("mmdet")
     cfg.model.msda.decoder = "grid_sample"
     model = MODELS.build(cfg.model)
     assert model.msda_impls == {"encoder": "auto", "decoder": "grid_sample"}
     assert model.bbox_head.decoder[0].cross_attn.impl == "grid_sample"
-    # one training step on a random 6-camera batch: the config's parts fit together
-    model.init_weights()
-    model.train()
-    data = model.data_preprocessor(random_batch(b=1, t=2, n=6), True)
-    losses = model(**data, mode="loss")
-    assert all(torch.isfinite(v) for v in losses.values())
-    sum(losses.values()).backward()
-    assert model.encoder.layers[0].sca.value_proj.weight.grad.abs().sum() > 0
+    # one training step of every shipped config, these included (finite losses, gradients
+    # at every MSDA layer): tests/test_shipped_configs.py
 
 
 def sca_test_cameras(b: int = 2, n: int = 3) -> torch.Tensor:

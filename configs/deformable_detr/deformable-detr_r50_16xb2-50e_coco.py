@@ -5,9 +5,7 @@ _base_ = [
     'mmdet::deformable_detr/deformable-detr_r50_16xb2-50e_coco.py',
     '../_base_/npudet_coco.py'
 ]
-model = dict(
-    msda=dict(impl='auto', encoder=None, decoder=None),
-    backbone=dict(init_cfg=None))
+model = dict(msda=dict(impl='auto', encoder=None, decoder=None))
 val_evaluator = dict(type='FastCocoMetric', backend='auto')
 test_evaluator = val_evaluator
 vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]

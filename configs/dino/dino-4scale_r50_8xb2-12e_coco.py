@@ -5,9 +5,7 @@ _base_ = [
     'mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py',
     '../_base_/npudet_coco.py'
 ]
-model = dict(
-    msda=dict(impl='auto', encoder=None, decoder=None),
-    backbone=dict(init_cfg=None))
+model = dict(msda=dict(impl='auto', encoder=None, decoder=None))
 val_evaluator = dict(type='FastCocoMetric', backend='auto')
 test_evaluator = val_evaluator
 vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]
