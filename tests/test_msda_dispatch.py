@@ -482,6 +482,22 @@ def test_bad_values_are_still_caught_after_a_good_call():
         multi_scale_deformable_attn(value[:, :-1], shapes, starts, loc, attn)
 
 
+def test_a_write_past_the_version_counter_is_the_documented_limit():
+    """docs/ops/index.md: a write through ``.data`` does not bump ``_version``, so the call
+    after it reuses the earlier check (grid_sample, which reads only spatial_shapes, then
+    runs); the same write through the tensor is caught."""
+    value, shapes, starts, loc, attn = random_inputs()
+    multi_scale_deformable_attn(value, shapes, starts, loc, attn, impl="grid_sample")
+    version = starts._version
+    starts.data[1] += 1
+    assert starts._version == version
+    multi_scale_deformable_attn(value, shapes, starts, loc, attn, impl="grid_sample")
+    starts.data[1] -= 1
+    starts[1] += 1
+    with pytest.raises(ValueError, match="level_start_index"):
+        multi_scale_deformable_attn(value, shapes, starts, loc, attn, impl="grid_sample")
+
+
 # --- item 6: variants and package probes ---------------------------------------------
 
 
