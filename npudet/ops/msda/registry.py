@@ -33,9 +33,10 @@ class MSDAImpl:
     DETERMINISTIC: Sequence[str] = ()
     # Files it runs besides the modules of its classes (subclasses add theirs: every class
     # of the MRO counts), hashed into the key of a recorded verification (checks.records).
-    # Paths relative to the ``npudet/ops/msda`` package; a trailing ``/`` takes every file
-    # of that folder; ``env:NAME`` is the file the environment variable names (a library
-    # built on the machine).
+    # Paths relative to the ``npudet/ops/msda`` package; ``native:PATH`` is relative to the
+    # native source root (the top-level ``ops/``); a trailing ``/`` takes every file of that
+    # folder; ``env:NAME`` is the file the environment variable names (a library built on
+    # the machine).
     SOURCES: Tuple[str, ...] = ()
     # Whether ``forward`` takes ``level_shapes=`` (the (H, W) pairs, when the caller gave
     # them): an implementation that reads the level shapes on the host uses them instead of
