@@ -2,7 +2,7 @@
 
 python tools/train.py CONFIG [--work-dir DIR] [--msda-impl cpu] [--resume [CKPT]]
     [--amp [--amp-dtype bfloat16|float16]] [--compile [BACKEND]] [--auto-scale-lr]
-    [--cfg-options k=v ...]
+    [--skip-image-check] [--cfg-options k=v ...]
     [--launcher pytorch]
 """
 
@@ -65,7 +65,8 @@ def parse_args() -> argparse.Namespace:
         nargs="?",
         type=str,
         const="auto",
-        help="resume from this checkpoint, or (no value) from the latest in the work dir",
+        help="resume from this checkpoint, or (no value) from the one the work dir's "
+        "last_checkpoint names, else its newest epoch_N.pth / iter_N.pth",
     )
     add_common_args(parser)
     return parser.parse_args()
