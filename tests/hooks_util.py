@@ -106,8 +106,11 @@ def toy_runner(
     batch_size: int = 2,
     clip_grad: Optional[dict] = None,
     log_level: str = "WARNING",
+    model: Optional[BaseModel] = None,
+    **runner_kwargs: Any,
 ) -> Runner:
-    """An iteration-based Runner (SGD, log every iteration, local vis backend) on ToyModel."""
+    """An iteration-based Runner (SGD, log every iteration, local vis backend) on ToyModel
+    (or ``model``); ``runner_kwargs`` (e.g. ``resume``, ``load_from``) go to the Runner."""
     torch.manual_seed(0)
     default_hooks: Dict[str, Any] = {"logger": {"type": "LoggerHook", "interval": 1}}
     default_hooks["checkpoint"] = (
@@ -116,7 +119,7 @@ def toy_runner(
         else None
     )
     return Runner(
-        model=ToyModel(impl),
+        model=model if model is not None else ToyModel(impl),
         work_dir=work_dir,
         experiment_name=f"toy_{uuid.uuid4().hex[:8]}",
         train_dataloader={
@@ -134,4 +137,5 @@ def toy_runner(
         default_scope="mmdet",
         env_cfg={"cudnn_benchmark": False},
         log_level=log_level,
+        **runner_kwargs,
     )

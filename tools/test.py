@@ -16,7 +16,14 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
-from npudet.engine.cli import add_common_args, fail, load_config, run_checks
+from npudet.engine.cli import (
+    add_common_args,
+    add_run_hooks,
+    fail,
+    load_config,
+    run_checks,
+    run_guarded,
+)
 from npudet.engine.cpu_dist import end_distributed, setup_cpu_distributed
 from npudet.engine.msda_log import msda_summary
 from npudet.engine.preflight import check_checkpoint, check_data, check_msda
@@ -54,20 +61,17 @@ def main() -> None:
         _enable_visualization(cfg, args)
     if args.out is not None and not args.out.endswith((".pkl", ".pickle")):
         fail(f"--out: expected a .pkl or .pickle file, got {args.out}")
-    hooks = cfg.get("custom_hooks") or []
-    for name in ("EvalProgressHook", "CocoSummaryHook"):
-        if not any(h.get("type") == name for h in hooks):
-            hooks.append(dict(type=name))
-    cfg.custom_hooks = hooks
+    add_run_hooks(cfg, ["EvalProgressHook", "CocoSummaryHook", "CheckpointChecksumHook"])
 
     run_checks(
         lambda: check_msda(cfg),
-        lambda: check_data(cfg, ["test"]),
+        lambda: check_data(cfg, ["test"], check_images=not args.skip_image_check),
         lambda: check_checkpoint(cfg, args.checkpoint, "checkpoint", strict=True),
     )
 
     setup_cpu_distributed(cfg, args.launcher)
-    try:
+
+    def test() -> None:
         runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
         runner.logger.info(msda_summary(runner.model))
         if args.out is not None:
@@ -75,6 +79,9 @@ def main() -> None:
 
             runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
         runner.test()
+
+    try:
+        run_guarded(test)
     finally:
         end_distributed()
     if args.out is not None:

@@ -2,25 +2,38 @@
 
 python tools/train.py CONFIG [--work-dir DIR] [--msda-impl cpu] [--resume [CKPT]]
     [--amp [--amp-dtype bfloat16|float16]] [--compile [BACKEND]] [--auto-scale-lr]
-    [--cfg-options k=v ...]
+    [--skip-image-check] [--cfg-options k=v ...]
     [--launcher pytorch]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 
 from mmengine.device import get_device
 from mmengine.registry import RUNNERS
-from mmengine.runner import Runner, find_latest_checkpoint
+from mmengine.runner import Runner
 
 import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
 from npudet.engine.amp import amp_optim_wrapper
-from npudet.engine.cli import add_common_args, fail, load_config, run_checks
+from npudet.engine.cli import (
+    add_common_args,
+    add_run_hooks,
+    fail,
+    load_config,
+    run_checks,
+    run_guarded,
+)
 from npudet.engine.cpu_dist import end_distributed, setup_cpu_distributed
 from npudet.engine.msda_log import msda_summary
-from npudet.engine.preflight import check_checkpoint, check_data, check_msda
+from npudet.engine.preflight import (
+    PreflightError,
+    check_checkpoint,
+    check_data,
+    check_msda,
+    check_train_length,
+)
+from npudet.engine.resume import plan_resume
 from npudet.hooks import compile_with_hook, launch_env_setup
 
 
@@ -52,7 +65,8 @@ def parse_args() -> argparse.Namespace:
         nargs="?",
         type=str,
         const="auto",
-        help="resume from this checkpoint, or (no value) from the latest in the work dir",
+        help="resume from this checkpoint, or (no value) from the one the work dir's "
+        "last_checkpoint names, else its newest epoch_N.pth / iter_N.pth",
     )
     add_common_args(parser)
     return parser.parse_args()
@@ -83,24 +97,37 @@ def main() -> None:
         cfg.resume = True
         cfg.load_from = args.resume
 
-    checks = [lambda: check_msda(cfg), lambda: check_data(cfg, ["train", "val"])]
-    resume_from = cfg.load_from
-    if cfg.get("resume") and resume_from is None and os.path.isdir(cfg.work_dir):
-        resume_from = find_latest_checkpoint(cfg.work_dir)
-    if resume_from:
+    try:
+        resume_note = plan_resume(cfg)
+    except PreflightError as err:
+        fail(str(err))
+    checks = [
+        lambda: check_msda(cfg),
+        lambda: check_train_length(cfg),
+        lambda: check_data(cfg, ["train", "val"], check_images=not args.skip_image_check),
+    ]
+    if cfg.load_from:
         key = "--resume" if cfg.get("resume") else "load_from"
-        checks.append(
-            lambda: check_checkpoint(cfg, resume_from, key, strict=bool(cfg.get("resume")))
-        )
+        strict = bool(cfg.get("resume"))
+        checks.append(lambda: check_checkpoint(cfg, cfg.load_from, key, strict=strict))
     run_checks(*checks)
+    if resume_note:
+        print(f"[npudet] {resume_note}")
+    add_run_hooks(cfg, ["RunGuardHook", "CheckpointChecksumHook"])
 
     for action in launch_env_setup():
         print(f"[npudet] set {action.target}={action.value} ({action.reason})")
     setup_cpu_distributed(cfg, args.launcher)
-    try:
+
+    def train() -> None:
         runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
         runner.logger.info(msda_summary(runner.model))
+        if resume_note:
+            runner.logger.info(resume_note)
         runner.train()
+
+    try:
+        run_guarded(train)
     finally:
         end_distributed()
 

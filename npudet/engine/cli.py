@@ -6,9 +6,11 @@ import argparse
 import os
 import sys
 import warnings
-from typing import Callable, NoReturn
+from typing import Any, Callable, List, NoReturn
 
 from mmengine.config import Config, DictAction
+
+from npudet.hooks.run_guard import CheckpointCorruptError, NothingTrainedError, TrainingInterrupted
 
 from .preflight import PreflightError
 
@@ -33,6 +35,12 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         "--msda-impl",
         help="MSDA implementation for every layer: 'auto' or a name from "
         "npudet.ops.msda_impls() (sets model.msda)",
+    )
+    parser.add_argument(
+        "--skip-image-check",
+        action="store_true",
+        help="do not decode every image before the run (huge sets); files are still "
+        "checked to exist",
     )
 
 
@@ -71,3 +79,31 @@ def run_checks(*checks: Callable[[], None]) -> None:
             check()
         except PreflightError as err:
             fail(str(err))
+
+
+def add_run_hooks(cfg: Config, names: List[str]) -> None:
+    """Append the named npudet hooks (``RunGuardHook``, ``CheckpointChecksumHook``, ...) to
+    ``cfg.custom_hooks`` unless the config has them."""
+    hooks = list(cfg.get("custom_hooks") or [])
+    for name in names:
+        if not any(h.get("type") == name for h in hooks):
+            hooks.append(dict(type=name))
+    cfg.custom_hooks = hooks
+
+
+def run_guarded(step: Callable[[], Any]) -> Any:
+    """Run ``runner.train`` / ``runner.test`` (``step``); what npudet's hooks raise ends the
+    process with one line and no traceback: an interrupt (already logged with its
+    checkpoint by ``RunGuardHook``) with status 128 + the signal number, a run that trained
+    nothing or a corrupt checkpoint with status 2."""
+    try:
+        return step()
+    except TrainingInterrupted as err:
+        sys.exit(128 + err.signum)
+    except (NothingTrainedError, CheckpointCorruptError) as err:
+        fail(str(err))
+    except KeyboardInterrupt:
+        # Before RunGuardHook's handler is installed (building the model, loading data) or a
+        # second Ctrl-C: nothing consistent to save.
+        print("interrupted (no checkpoint saved)", file=sys.stderr)
+        sys.exit(130)

@@ -14,19 +14,77 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 from mmengine.config import Config
 
+from npudet.hooks.run_guard import CheckpointCorruptError, verify_checkpoint
+
+from . import coco_checks
+
 
 class PreflightError(Exception):
     """Bad input found before training / testing started (the message is one line)."""
 
 
-def check_msda(cfg: Config) -> None:
-    """``model.msda`` names known, usable implementations."""
+def check_msda(cfg: Config, device: Optional[str] = None) -> None:
+    """``model.msda`` names known implementations that can run on the run's device.
+
+    ``device``: the device type the run trains / tests on (default: mmengine's
+    ``get_device()``). A name usable on this machine may still not take the run's tensors
+    (``triton`` on CPU tensors without the interpreter): that stops here, not at the first
+    forward after the work dir exists.
+    """
     from npudet.models import resolve_msda_cfg
 
     try:
-        resolve_msda_cfg(cfg.model.get("msda"))
+        parts = resolve_msda_cfg(cfg.model.get("msda"))
     except ValueError as err:
         raise PreflightError(str(err)) from None
+    if device is None:
+        from mmengine.device import get_device
+
+        device = get_device()
+    msda = cfg.model.get("msda") or {}
+    for part, name in parts.items():
+        reasons = _device_reasons(name, device)
+        if reasons:
+            key = "model.msda." + (part if msda.get(part) is not None else "impl")
+            raise PreflightError(
+                f"{key}: MSDA implementation {name!r} cannot run on this run's device "
+                f"{device!r} ({'; '.join(reasons)}); usable on {device!r}: "
+                f"{['auto', *usable_impls(device)]}"
+            )
+
+
+def _probe_inputs(device: str):
+    """A small float32 training call on ``device``: what every layer's call looks like to
+    an implementation's device, dtype and size checks."""
+    from npudet.ops.msda import MSDAInputs
+
+    return MSDAInputs(
+        device_type=device,
+        dtype=torch.float32,
+        batch=1,
+        num_keys=20,
+        num_heads=8,
+        head_dim=32,
+        num_levels=2,
+        num_queries=10,
+        num_points=4,
+        requires_grad=True,
+    )
+
+
+def _device_reasons(name: str, device: str) -> List[str]:
+    from npudet.ops.msda import get_impl
+
+    if name == "auto":
+        return []
+    return get_impl(name).not_supported_reasons(_probe_inputs(device))
+
+
+def usable_impls(device: str) -> List[str]:
+    """Implementations usable on this machine that take ``device`` tensors."""
+    from npudet.ops import msda_impls
+
+    return [name for name in msda_impls() if not _device_reasons(name, device)]
 
 
 def dataset_cfgs(cfg: Optional[Dict]) -> Iterator[Dict]:
@@ -46,10 +104,25 @@ def _join(root: Optional[str], path: str) -> str:
     return path if not root or os.path.isabs(path) or "://" in path else os.path.join(root, path)
 
 
+def data_hint(path: str) -> str:
+    """Which npudet tool makes the data at ``path`` (empty when it is no built-in set)."""
+    folder = os.path.dirname(path)
+    if os.path.basename(folder) == "annotations":
+        folder = os.path.dirname(folder)
+    for marker, tool in (
+        ("shapes", "python tools/make_shapes_dataset.py --root {}"),
+        ("bev_synth", "python tools/make_bev_dataset.py --root {}"),
+        ("nuscenes", "python tools/create_nuscenes_infos.py --dataroot {}"),
+    ):
+        if marker in path:
+            return f" (make it with: {tool.format(folder or '.')})"
+    return ""
+
+
 def read_coco_annotations(path: str, key: str) -> Dict:
     """Load a COCO annotation file, or raise naming the file and what is wrong."""
     if not os.path.isfile(path):
-        raise PreflightError(f"{key}: annotation file not found: {path}")
+        raise PreflightError(f"{key}: annotation file not found: {path}{data_hint(path)}")
     try:
         with open(path) as f:
             data = json.load(f)
@@ -70,7 +143,7 @@ def check_bev_dataset(path: str, root: Optional[str], key: str) -> None:
     from npudet.bev.infos.schema import load_bev_info
 
     if not os.path.isfile(path):
-        raise PreflightError(f"{key}: info file not found: {path}")
+        raise PreflightError(f"{key}: info file not found: {path}{data_hint(path)}")
     try:
         info = load_bev_info(path)
     except ValueError as err:
@@ -86,8 +159,25 @@ def check_bev_dataset(path: str, root: Optional[str], key: str) -> None:
                 )
 
 
-def check_dataset(dataset: Dict, key: str) -> None:
-    """A dataset config: annotation file readable, every image file present (COCO or BEV)."""
+def dataset_classes(dataset: Dict) -> Optional[Tuple[str, ...]]:
+    """The classes a dataset config trains on: its ``metainfo.classes``, else its class's
+    ``METAINFO`` (mmdet's ``CocoDataset``: the 80 COCO classes); None if unknown."""
+    classes = (dataset.get("metainfo") or {}).get("classes")
+    if classes is None:
+        try:
+            from mmdet.registry import DATASETS
+
+            cls = DATASETS.get(dataset.get("type"))
+        except Exception:  # noqa: BLE001 - an unregistered type: nothing to compare with
+            cls = None
+        classes = (getattr(cls, "METAINFO", None) or {}).get("classes")
+    return None if classes is None else tuple(classes)
+
+
+def check_dataset(dataset: Dict, key: str, check_images: bool = True) -> None:
+    """A dataset config: annotation file readable with every field the dataset reads,
+    categories matching the config's classes, ground truth left after filtering (training
+    sets), every image file present and (``check_images``) decodable (COCO or BEV)."""
     ann_file = dataset.get("ann_file")
     if not ann_file or "://" in str(ann_file):
         return
@@ -97,36 +187,53 @@ def check_dataset(dataset: Dict, key: str) -> None:
         check_bev_dataset(path, root, f"{key}.ann_file")
         return
     data = read_coco_annotations(path, f"{key}.ann_file")
+    problem = coco_checks.entries_problem(data, path, evaluated=False)
+    classes = dataset_classes(dataset)
+    if problem is None and classes is not None:
+        problem = coco_checks.classes_problem(data, path, classes)
+        if problem is None and not dataset.get("test_mode"):
+            problem = coco_checks.training_problem(data, path, classes, dataset.get("filter_cfg"))
+    if problem:
+        raise PreflightError(f"{key}.ann_file: {problem}")
     prefix = _join(root, (dataset.get("data_prefix") or {}).get("img", ""))
     if "://" in prefix:
         return
-    missing = [
-        os.path.join(prefix, img["file_name"])
-        for img in data["images"]
-        if not os.path.isfile(os.path.join(prefix, img["file_name"]))
-    ]
-    if missing:
-        raise PreflightError(
-            f"{key}: image file not found: {missing[0]} ({len(missing)} of "
-            f"{len(data['images'])} listed in {path} are missing)"
-        )
+    problem = coco_checks.image_problem(data, prefix, path, decode=check_images)
+    if problem:
+        raise PreflightError(f"{key}: {problem}")
 
 
-def check_data(cfg: Config, loaders: List[str]) -> None:
-    """Datasets of the named dataloaders and the matching evaluators' annotation files."""
+def check_data(cfg: Config, loaders: List[str], check_images: bool = True) -> None:
+    """Datasets of the named dataloaders and the matching evaluators' annotation files
+    (``check_images``: decode every image; ``--skip-image-check`` turns it off)."""
     for name in loaders:
         loader = cfg.get(f"{name}_dataloader")
         if not loader:
             continue
         for dataset in dataset_cfgs(loader.get("dataset")):
-            check_dataset(dataset, f"{name}_dataloader.dataset")
+            check_dataset(dataset, f"{name}_dataloader.dataset", check_images)
         evaluators = cfg.get(f"{name}_evaluator")
         if evaluators is None:
             continue
         for evaluator in evaluators if isinstance(evaluators, list) else [evaluators]:
             ann_file = evaluator.get("ann_file")
             if ann_file and "://" not in ann_file and evaluator.get("type") != "BEVDetMetric":
-                read_coco_annotations(ann_file, f"{name}_evaluator.ann_file")
+                key = f"{name}_evaluator.ann_file"
+                data = read_coco_annotations(ann_file, key)
+                problem = coco_checks.entries_problem(data, ann_file, evaluated=True)
+                if problem:
+                    raise PreflightError(f"{key}: {problem}")
+
+
+def check_train_length(cfg: Config) -> None:
+    """``train_cfg`` asks for at least one epoch or iteration."""
+    train_cfg = cfg.get("train_cfg") or {}
+    for field in ("max_epochs", "max_iters"):
+        value = train_cfg.get(field)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise PreflightError(
+                f"train_cfg.{field}={value!r}: nothing to train (expected an integer >= 1)"
+            )
 
 
 def _load_state_dict(path: str, key: str) -> Dict[str, torch.Tensor]:
@@ -137,6 +244,10 @@ def _load_state_dict(path: str, key: str) -> Dict[str, torch.Tensor]:
     except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PreflightError(f"{key}: cannot read checkpoint {path}: {first_line}") from None
+    try:
+        verify_checkpoint(checkpoint, path)
+    except CheckpointCorruptError as err:
+        raise PreflightError(f"{key}: {err}") from None
     state = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else None
     if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
         raise PreflightError(f"{key}: {path} holds no model state_dict")

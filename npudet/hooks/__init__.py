@@ -4,8 +4,10 @@
 ``'npudet.hooks'`` for the hooks alone) then e.g.
 ``custom_hooks=[dict(type='MSDAProfilerHook')]``. MSDA hooks:
 ``MSDAProfilerHook``, ``MSDAParityHook``, ``NonFiniteLossHook``, ``NPUSetupHook``;
-evaluation and run-state hooks: ``CocoSummaryHook``, ``EvalProgressHook``, ``RNGStateHook``;
-``TorchCompileHook`` (``tools/train.py --compile``).
+evaluation and run-state hooks: ``CocoSummaryHook``, ``EvalProgressHook``, ``RNGStateHook``,
+``RunGuardHook`` (checkpoint on SIGINT / SIGTERM, a run that trains nothing fails) and
+``CheckpointChecksumHook`` (``tools/train.py`` adds both); ``TorchCompileHook``
+(``tools/train.py --compile``).
 """
 
 from .coco_summary_hook import CocoSummaryHook, coco_table
@@ -21,10 +23,26 @@ from .npu_setup import (
     plan_device_setup,
 )
 from .rng_state_hook import RNGStateHook
+from .run_guard import (
+    CheckpointChecksumHook,
+    CheckpointCorruptError,
+    NothingTrainedError,
+    RunGuardHook,
+    TrainingInterrupted,
+    checkpoint_digest,
+    verify_checkpoint,
+)
 from .torch_compile import TorchCompileHook, compile_forward, compile_with_hook
 
 __all__ = [
     "CallParity",
+    "CheckpointChecksumHook",
+    "CheckpointCorruptError",
+    "NothingTrainedError",
+    "RunGuardHook",
+    "TrainingInterrupted",
+    "checkpoint_digest",
+    "verify_checkpoint",
     "CocoSummaryHook",
     "EvalProgressHook",
     "MSDAParityError",

@@ -135,6 +135,14 @@ class DeformableAttention:
             )
         if weight_mask is not None:
             weights = weights * weight_mask
-        return multi_scale_deformable_attn(
+        out = multi_scale_deformable_attn(
             value, spatial_shapes, level_start_index, locations, weights, impl=self.impl
         )
+        if self.training:
+            # The fused kernels treat a NaN / Inf location as out of the map (a zero sample);
+            # grid_sample returns NaN. Make every implementation's output non-finite then, so
+            # a diverged sampling_offsets reaches the loss (and NonFiniteLossHook) instead of
+            # training on silently. No host sync; the sum is in float32 so that many finite
+            # float16 locations cannot overflow to Inf; x + 0 * finite == x.
+            out = out + locations.sum(dtype=torch.float32) * 0
+        return out

@@ -24,6 +24,13 @@ def resolve_msda_cfg(msda: Optional[Mapping], key: str = "model.msda") -> Dict[s
 
 def _resolve(msda: Optional[Mapping], key: str) -> Tuple[str, Dict[str, str]]:
     """(the default ``impl``, the per-part implementations), each name checked once."""
+    if msda is not None and not isinstance(msda, Mapping):
+        # `--cfg-options model.msda=cpu` gives a string; dict('cpu') would fail with
+        # "dictionary update sequence element #0 has length 1", which names nothing.
+        raise ValueError(
+            f"{key}: expected a dict like dict(impl='auto', encoder=None, decoder=None), got "
+            f"{msda!r}; to choose one implementation set {key}.impl={msda} or --msda-impl {msda}"
+        )
     msda = dict(msda or {})
     unknown = sorted(set(msda) - {"impl", *PARTS})
     if unknown:

@@ -1,0 +1,157 @@
+"""What mmdet's ``CocoDataset``, its pipeline and the COCO evaluator read from an annotation
+file, checked entry by entry before a run, so that a bad entry is one line naming the file
+and the entry instead of a KeyError (or no ground truth at all) mid-run.
+
+Each function returns the first problem as one line (``None`` when there is none); the
+caller prefixes the config key and raises.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+IMAGE_FIELDS = ("id", "file_name", "height", "width")
+ANNOTATION_FIELDS = ("id", "image_id", "category_id", "bbox", "area")
+CATEGORY_FIELDS = ("id", "name")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _entry(kind: str, index: int, entry: Any) -> str:
+    ident = entry.get("id") if isinstance(entry, dict) else None
+    return f"{kind}[{index}]" + ("" if ident is None else f" (id {ident})")
+
+
+def _missing(entry: Any, fields: Sequence[str]) -> Optional[str]:
+    if not isinstance(entry, dict):
+        return f"expected an object, got {type(entry).__name__}"
+    absent = [field for field in fields if field not in entry]
+    return f"no {', '.join(repr(f) for f in absent)}" if absent else None
+
+
+def entries_problem(data: Dict, path: str, evaluated: bool) -> Optional[str]:
+    """The first entry of ``data`` (a COCO dict) that the dataset or the evaluator cannot
+    read. ``evaluated``: the file is an evaluator's (pycocotools reads ``iscrowd`` too)."""
+    images = data["images"]
+    if not isinstance(images, list) or not images:
+        return f"{path} lists no images ('images' is empty): nothing to train or evaluate on"
+    image_ids = set()
+    for i, img in enumerate(images):
+        problem = _missing(img, IMAGE_FIELDS)
+        if problem is None and not all(
+            isinstance(img[k], int) and img[k] > 0 for k in ("height", "width")
+        ):
+            problem = f"height {img['height']!r} / width {img['width']!r}: expected integers > 0"
+        if problem is None and not isinstance(img["file_name"], str):
+            problem = f"file_name {img['file_name']!r}: expected a string"
+        if problem:
+            return f"{path}: {_entry('images', i, img)}: {problem}"
+        image_ids.add(img["id"])
+    cat_ids = set()
+    for i, cat in enumerate(data["categories"]):
+        problem = _missing(cat, CATEGORY_FIELDS)
+        if problem:
+            return f"{path}: {_entry('categories', i, cat)}: {problem}"
+        cat_ids.add(cat["id"])
+    fields = (*ANNOTATION_FIELDS, "iscrowd") if evaluated else ANNOTATION_FIELDS
+    for i, ann in enumerate(data["annotations"]):
+        problem = _missing(ann, fields) or _annotation_problem(ann, image_ids, cat_ids)
+        if problem:
+            where = _entry("annotations", i, ann)
+            if isinstance(ann, dict) and "image_id" in ann:
+                where += f" of image_id {ann['image_id']}"
+            return f"{path}: {where}: {problem}"
+    return None
+
+
+def _annotation_problem(ann: Dict, image_ids: set, cat_ids: set) -> Optional[str]:
+    bbox = ann["bbox"]
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(_number(v) for v in bbox)):
+        return f"bbox {bbox!r}: expected 4 numbers [x, y, width, height]"
+    if bbox[2] <= 0 or bbox[3] <= 0:
+        return f"bbox {bbox!r}: width and height must be > 0"
+    if not _number(ann["area"]):
+        return f"area {ann['area']!r}: expected a number"
+    if ann["image_id"] not in image_ids:
+        return f"image_id {ann['image_id']!r} is not the id of any image"
+    if ann["category_id"] not in cat_ids:
+        return f"category_id {ann['category_id']!r} is not the id of any category"
+    return None
+
+
+def classes_problem(data: Dict, path: str, classes: Sequence[str]) -> Optional[str]:
+    """Every class of the config is a category name of the file (mmdet silently drops the
+    others: a run with no ground truth)."""
+    names = [cat["name"] for cat in data["categories"]]
+    missing = [c for c in classes if c not in names]
+    if not missing:
+        return None
+    lower = {n.lower(): n for n in names}
+    case = [f"{c!r} vs {lower[c.lower()]!r}" for c in missing if c.lower() in lower]
+    hint = f"; names differ in case: {', '.join(case)}" if case else ""
+    return (
+        f"classes {missing} of the config's metainfo.classes {list(classes)} are not category "
+        f"names of {path}, whose categories are {names}{hint}"
+    )
+
+
+def training_problem(
+    data: Dict, path: str, classes: Sequence[str], filter_cfg: Optional[Dict]
+) -> Optional[str]:
+    """The training set keeps at least one image with ground truth after mmdet's
+    ``filter_cfg`` (``filter_empty_gt``, ``min_size``)."""
+    wanted = {cat["id"] for cat in data["categories"] if cat["name"] in classes}
+    with_gt = {ann["image_id"] for ann in data["annotations"] if ann["category_id"] in wanted}
+    if not with_gt:
+        return (
+            f"{path} has no annotation of the classes {list(classes)}: no ground truth to train on"
+        )
+    filter_cfg = filter_cfg or {}
+    min_size = filter_cfg.get("min_size", 0)
+    kept = [
+        img
+        for img in data["images"]
+        if (not filter_cfg.get("filter_empty_gt") or img["id"] in with_gt)
+        and min(img["width"], img["height"]) >= min_size
+    ]
+    if not kept:
+        return f"no image of {path} is left after filter_cfg={dict(filter_cfg)}"
+    return None
+
+
+def image_problem(data: Dict, prefix: str, path: str, decode: bool) -> Optional[str]:
+    """Every image file exists and (``decode``) decodes as the pipeline's
+    ``LoadImageFromFile`` decodes it (mmcv, cv2)."""
+    missing: List[str] = []
+    for img in data["images"]:
+        file = os.path.join(prefix, img["file_name"])
+        if not os.path.isfile(file):
+            missing.append(file)
+    if missing:
+        return (
+            f"image file not found: {missing[0]} ({len(missing)} of {len(data['images'])} "
+            f"listed in {path} are missing)"
+        )
+    if not decode:
+        return None
+    import mmcv
+
+    for i, img in enumerate(data["images"]):
+        file = os.path.join(prefix, img["file_name"])
+        try:
+            with open(file, "rb") as f:
+                array = mmcv.imfrombytes(f.read(), flag="color", backend="cv2")
+        except Exception as err:  # noqa: BLE001 - any decoder error means the same
+            array, why = None, f": {str(err).strip().splitlines()[0] if str(err).strip() else err}"
+        else:
+            why = ""
+        if array is None or getattr(array, "size", 0) == 0:
+            return (
+                f"{_entry('images', i, img)} of {path}: image {file} does not decode{why} "
+                "(--skip-image-check skips decoding)"
+            )
+    return None

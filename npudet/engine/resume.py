@@ -1,0 +1,128 @@
+"""``--resume`` without a path: which checkpoint of the work dir to continue from.
+
+mmengine resumes from the path in ``WORK_DIR/last_checkpoint`` and, without that file,
+silently trains from scratch (overwriting ``epoch_1.pth`` ...); the file holds an absolute
+path, so a copied work dir resumes from the original's checkpoint. Here the newest
+checkpoint inside the checkpoint folder is taken instead whenever ``last_checkpoint`` is
+missing, names a missing file or points elsewhere, and the choice is said.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List, Optional, Tuple
+
+import torch
+from mmengine.config import Config
+
+from .preflight import PreflightError
+
+_NAME = re.compile(r"^(epoch|iter)_(\d+)\.pth$")
+
+
+def checkpoint_dir(cfg: Config) -> Optional[str]:
+    """Where ``CheckpointHook`` writes: ``out_dir/<work dir name>`` if ``out_dir`` is set,
+    else the work dir; None for a remote ``out_dir`` (left to mmengine)."""
+    hook = (cfg.get("default_hooks") or {}).get("checkpoint") or {}
+    out_dir = hook.get("out_dir")
+    if not out_dir:
+        return os.path.abspath(cfg.work_dir)
+    if "://" in str(out_dir):
+        return None
+    return os.path.abspath(os.path.join(out_dir, os.path.basename(os.path.normpath(cfg.work_dir))))
+
+
+def _iterations(path: str) -> int:
+    """``meta['iter']`` of a checkpoint (memory-mapped: only the meta is read)."""
+    try:
+        meta = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("meta", {})
+        return int(meta.get("iter", -1))
+    except Exception:  # noqa: BLE001 - an unreadable candidate ranks last; preflight names it
+        return -1
+
+
+def newest_checkpoint(folder: str) -> Optional[str]:
+    """The newest ``epoch_N.pth`` / ``iter_N.pth`` in ``folder``: the largest N of each
+    kind, and between the two kinds the one with more iterations done (its ``meta``)."""
+    if not os.path.isdir(folder):
+        return None
+    best = {}
+    for name in os.listdir(folder):
+        match = _NAME.match(name)
+        if match and os.path.isfile(os.path.join(folder, name)):
+            kind, number = match.group(1), int(match.group(2))
+            if number > best.get(kind, (-1, ""))[0]:
+                best[kind] = (number, os.path.join(folder, name))
+    paths = [path for _, path in best.values()]
+    if len(paths) == 2:
+        paths.sort(key=_iterations)
+    return paths[-1] if paths else None
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.dirname(os.path.realpath(path)) == os.path.realpath(folder)
+
+
+def find_resume_checkpoint(cfg: Config) -> Tuple[Optional[str], str]:
+    """(checkpoint to resume from or None to start from scratch, the line saying which).
+
+    Raises PreflightError when the work dir holds checkpoints but none to resume from, or
+    ``last_checkpoint`` names a checkpoint elsewhere and there is none inside.
+    """
+    work_dir = os.path.abspath(cfg.work_dir)
+    folder = checkpoint_dir(cfg)
+    if folder is None:
+        return None, ""
+    record = os.path.join(work_dir, "last_checkpoint")
+    recorded = None
+    if os.path.isfile(record):
+        with open(record) as f:
+            recorded = f.read().strip() or None
+    if recorded and not os.path.isabs(recorded):
+        recorded = os.path.join(work_dir, recorded)
+    if recorded and _inside(recorded, folder) and os.path.isfile(recorded):
+        return recorded, f"--resume: resuming from {recorded} (last_checkpoint)"
+    newest = newest_checkpoint(folder)
+    if recorded is None:
+        why = f"no {record}"
+    elif not _inside(recorded, folder):
+        why = f"{record} names {recorded}, outside {folder} (a copied work dir?)"
+    else:
+        why = f"{record} names {recorded}, which does not exist"
+    if newest is not None:
+        return (
+            newest,
+            f"--resume: resuming from {newest}, the newest checkpoint in {folder} ({why})",
+        )
+    if recorded and os.path.isfile(recorded):
+        raise PreflightError(
+            f"--resume: {why} and {folder} holds no epoch_N.pth / iter_N.pth; to continue from "
+            f"that checkpoint pass it: --resume {recorded}"
+        )
+    others = _checkpoint_files(folder)
+    if others:
+        raise PreflightError(
+            f"--resume: {folder} holds {others} but no epoch_N.pth / iter_N.pth to resume from "
+            f"({why}); pass one as --resume PATH, or drop --resume to start from scratch"
+        )
+    return None, f"--resume: no checkpoint in {folder}; starting from scratch"
+
+
+def _checkpoint_files(folder: str) -> List[str]:
+    if not os.path.isdir(folder):
+        return []
+    return sorted(name for name in os.listdir(folder) if name.endswith(".pth"))
+
+
+def plan_resume(cfg: Config) -> str:
+    """For ``cfg.resume`` without ``cfg.load_from`` (``--resume`` alone): set ``load_from`` to
+    the checkpoint :func:`find_resume_checkpoint` chooses, or turn ``resume`` off when it
+    starts from scratch; returns the line saying which ("" when there was nothing to do)."""
+    if not cfg.get("resume") or cfg.get("load_from"):
+        return ""
+    path, note = find_resume_checkpoint(cfg)
+    cfg.load_from = path
+    if path is None and note:
+        cfg.resume = False  # else mmengine reads last_checkpoint again
+    return note

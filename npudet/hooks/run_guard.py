@@ -1,0 +1,245 @@
+"""Nothing lost, nothing silent: interrupts save a checkpoint, checkpoints carry a checksum,
+a run that trains nothing fails.
+
+- ``RunGuardHook``: SIGINT / SIGTERM during training save a resumable checkpoint at the next
+  safe point (after the current iteration, or validation batch) and raise
+  :class:`TrainingInterrupted`; a second signal interrupts at once. A run that ends having
+  trained no iteration raises :class:`NothingTrainedError`.
+- ``CheckpointChecksumHook``: every checkpoint the runner saves carries the sha256 of its
+  content in ``meta['npudet_sha256']``, checked when the runner loads it
+  (:func:`verify_checkpoint`; npudet's tools check it before the runner exists too).
+
+``tools/train.py`` adds both hooks to every run (``tools/test.py`` the checksum hook).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+import torch
+from mmdet.registry import HOOKS
+from mmengine.hooks import CheckpointHook, Hook
+from mmengine.runner import EpochBasedTrainLoop
+
+from .non_finite_loss import _any_rank
+
+CHECKSUM_KEY = "npudet_sha256"
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped on SIGINT / SIGTERM after saving ``checkpoint`` (a KeyboardInterrupt,
+    so that no ``except Exception`` on the way swallows it)."""
+
+    def __init__(self, message: str, signum: int, checkpoint: Optional[str]) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.checkpoint = checkpoint
+
+
+class NothingTrainedError(RuntimeError):
+    """The training loop ended without running a single iteration."""
+
+
+class CheckpointCorruptError(ValueError):
+    """A checkpoint's content does not match the checksum stored when it was saved."""
+
+
+def _feed(digest: Any, obj: Any) -> None:
+    """Hash ``obj`` by content: tensors and arrays by dtype, shape and bytes, containers
+    item by item, other objects by their attributes (what a loaded copy has again)."""
+    if isinstance(obj, torch.Tensor):
+        digest.update(f"T{obj.dtype}{tuple(obj.shape)}".encode())
+        data = obj.detach().cpu().contiguous().reshape(-1)
+        digest.update(data.view(torch.uint8).numpy())
+    elif isinstance(obj, np.ndarray):
+        digest.update(f"A{obj.dtype}{obj.shape}".encode())
+        if obj.dtype.hasobject:
+            _feed(digest, obj.tolist())
+        else:
+            digest.update(np.ascontiguousarray(obj).reshape(-1).view(np.uint8))
+    elif isinstance(obj, Mapping):
+        digest.update(f"D{len(obj)}".encode())
+        for key, value in obj.items():
+            _feed(digest, key)
+            _feed(digest, value)
+    elif isinstance(obj, (list, tuple)):
+        digest.update(f"{type(obj).__name__}{len(obj)}".encode())
+        for item in obj:
+            _feed(digest, item)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):  # mmengine's HistoryBuffer
+        digest.update(type(obj).__qualname__.encode())
+        _feed(digest, vars(obj))
+    else:
+        digest.update(f"{type(obj).__name__}:{obj!r}".encode())
+
+
+def checkpoint_digest(checkpoint: Mapping) -> str:
+    """sha256 of everything in ``checkpoint`` but the stored checksum itself."""
+    meta = {k: v for k, v in (checkpoint.get("meta") or {}).items() if k != CHECKSUM_KEY}
+    digest = hashlib.sha256()
+    _feed(digest, {**checkpoint, "meta": meta})
+    return digest.hexdigest()
+
+
+def verify_checkpoint(checkpoint: Mapping, path: str) -> bool:
+    """Raise :class:`CheckpointCorruptError` naming ``path`` if the stored checksum does not
+    match; False if there is none (a checkpoint not saved with ``CheckpointChecksumHook``)."""
+    meta = checkpoint.get("meta") if isinstance(checkpoint, Mapping) else None
+    stored = meta.get(CHECKSUM_KEY) if isinstance(meta, Mapping) else None
+    if stored is None:
+        return False
+    actual = checkpoint_digest(checkpoint)
+    if actual != stored:
+        raise CheckpointCorruptError(
+            f"checkpoint {path} is corrupt: the sha256 of its content ({actual[:12]}...) differs "
+            f"from the one stored when it was saved ({str(stored)[:12]}...); use an earlier one"
+        )
+    return True
+
+
+@HOOKS.register_module()
+class CheckpointChecksumHook(Hook):
+    """Store the sha256 of each saved checkpoint in ``meta['npudet_sha256']``; check it on load.
+
+    Priority LOWEST: the checksum is taken after every other hook has added its part
+    (``RNGStateHook``'s states, ``EMAHook``'s swap). On load it runs last as well, so a
+    checkpoint with ``ema_state_dict`` (which ``EMAHook`` has rearranged by then) is not
+    checked here; npudet's tools check every checkpoint file before the runner loads it.
+    """
+
+    priority = "LOWEST"
+
+    def before_save_checkpoint(self, runner: Any, checkpoint: Dict) -> None:
+        checkpoint.setdefault("meta", {})[CHECKSUM_KEY] = checkpoint_digest(checkpoint)
+
+    def after_load_checkpoint(self, runner: Any, checkpoint: Dict) -> None:
+        if "ema_state_dict" in checkpoint:
+            return
+        verify_checkpoint(checkpoint, str(getattr(runner, "_load_from", None) or "(loaded)"))
+
+
+@HOOKS.register_module()
+class RunGuardHook(Hook):
+    """Save a resumable checkpoint on SIGINT / SIGTERM; fail a run that trained nothing.
+
+    The signal handler only records the signal: the checkpoint is written at the next
+    iteration boundary (after the current iteration or validation batch, or after the
+    epoch's own hooks at an epoch's end), where model, optimizer, schedulers and counters
+    agree. There ``runner.save_checkpoint`` writes ``iter_N.pth`` (N: iterations done) next
+    to ``CheckpointHook``'s checkpoints, ``last_checkpoint`` names it, and
+    :class:`TrainingInterrupted` ends the run. A second signal before that raises
+    ``KeyboardInterrupt`` at once. Ranks agree (all-reduce), so all of them stop together.
+
+    An epoch-based run resumed from a mid-epoch checkpoint reruns that epoch from its first
+    batch (mmengine's ``EpochBasedTrainLoop`` starts epochs at batch 0); iteration-based runs
+    skip the batches already trained.
+    """
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self.trained = 0
+        self._start_iter = 0
+        self._previous: Dict[int, Any] = {}
+
+    # -- signals ---------------------------------------------------------------------
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:  # second signal: stop now
+            self._restore()
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def _install(self) -> None:
+        # Python delivers signals to the main thread only; elsewhere signal() raises.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    # -- hook stages -----------------------------------------------------------------
+    def before_train(self, runner: Any) -> None:
+        self._start_iter = runner.iter
+        self.signum = None
+        self._install()
+
+    def after_train_iter(
+        self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:
+        by_epoch = isinstance(runner.train_loop, EpochBasedTrainLoop)
+        if by_epoch and batch_idx + 1 == len(runner.train_dataloader):
+            return  # the epoch's own hooks (schedulers, CheckpointHook) run first
+        # The loop counts this iteration only after its hooks: iter + 1 are done.
+        self._stop_if_signalled(runner, epoch=runner.epoch, iters=runner.iter + 1)
+
+    def after_train_epoch(self, runner: Any) -> None:
+        self._stop_if_signalled(runner, epoch=runner.epoch + 1, iters=runner.iter)
+
+    def after_val_iter(
+        self, runner: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:
+        if self._previous or self.signum is not None:  # validation inside training
+            self._stop_if_signalled(runner, epoch=runner.epoch, iters=runner.iter)
+
+    def after_train(self, runner: Any) -> None:
+        self._restore()
+        self.trained = runner.iter - self._start_iter
+        if self.trained > 0:
+            return
+        loop = runner.train_loop
+        if len(runner.train_dataloader) == 0:
+            why = "the training set is empty (after the dataset's filter_cfg)"
+        elif runner.iter >= loop.max_iters:
+            limit = (
+                f"train_cfg.max_epochs={loop.max_epochs}"
+                if isinstance(loop, EpochBasedTrainLoop)
+                else f"train_cfg.max_iters={loop.max_iters}"
+            )
+            why = f"the run starts at iteration {runner.iter}, its end by {limit}"
+        else:
+            why = "the training loop stopped before its first iteration"
+        raise NothingTrainedError(f"trained 0 iterations: {why}")
+
+    # -- the checkpoint --------------------------------------------------------------
+    def _stop_if_signalled(self, runner: Any, epoch: int, iters: int) -> None:
+        device = next(runner.model.parameters()).device
+        if not _any_rank(self.signum is not None, device):
+            return
+        signum = self.signum if self.signum is not None else signal.SIGTERM  # another rank's
+        self._restore()
+        path = self._save(runner, epoch, iters)
+        name = signal.Signals(signum).name
+        message = (
+            f"interrupted by {name} after iteration {iters} (epoch {epoch}): resumable "
+            f"checkpoint saved to {path}; continue with --resume"
+        )
+        runner.logger.warning(message)
+        raise TrainingInterrupted(message, signum, path)
+
+    def _save(self, runner: Any, epoch: int, iters: int) -> str:
+        hook = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
+        out_dir = getattr(hook, "out_dir", None) or runner.work_dir
+        filename = f"iter_{iters}.pth"
+        runner.save_checkpoint(
+            out_dir,
+            filename,
+            meta=dict(epoch=epoch, iter=iters),
+            by_epoch=False,
+            backend_args=getattr(hook, "backend_args", None),
+        )
+        path = os.path.join(out_dir, filename)
+        if runner.rank == 0:
+            with open(os.path.join(runner.work_dir, "last_checkpoint"), "w") as f:
+                f.write(path)
+        return path
