@@ -146,11 +146,6 @@ def test_impl_unusable_on_the_device_stops_at_preflight(tmp_path) -> None:
     assert not work.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fix pending in npudet/ops/msda/kernels/native_build.py: load_extension's mkdir "
-    "is outside its try (issue 36)",
-)
 def test_unusable_extension_cache_falls_back_with_a_warning(tmp_path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
