@@ -45,8 +45,7 @@ def op_package(tmp_path_factory) -> Path:
     if cpu_library.unavailable_reason():
         pytest.skip(cpu_library.unavailable_reason())
     out = tmp_path_factory.mktemp("aoti") / "op.pt2"
-    with torch.no_grad():
-        return aoti.package(OpFromMaps("cpu"), op_inputs(*SIZES[0], 0), op_dynamic_shapes(), out)
+    return aoti.package(OpFromMaps("cpu"), op_inputs(*SIZES[0], 0), op_dynamic_shapes(), out)
 
 
 def test_runner_and_operator_library_link_no_python(runner: Path) -> None:

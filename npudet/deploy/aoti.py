@@ -42,8 +42,6 @@ def package(
     argument: a ``Dim`` per dynamic size) and compile it into the AOTInductor package
     ``out_path`` (``.pt2``); returns ``out_path``. The package takes the module's tensor
     arguments, flattened in order, and returns its tensor outputs."""
-    if any(isinstance(a, torch.Tensor) and a.requires_grad for a in example_args):
-        raise ValueError("package: example tensors must not require grad (inference only)")
     program = torch.export.export(module, tuple(example_args), dynamic_shapes=dynamic_shapes)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,10 +169,11 @@ def run_package(
     with tempfile.TemporaryDirectory(prefix="npudet_aoti_") as tmp:
         in_path, out_path = Path(tmp) / "inputs.pt", Path(tmp) / "outputs.pt"
         torch.save([t.detach().contiguous() for t in inputs], in_path)
-        command = [str(runner)]
+        # Absolute paths: the runner works in the temporary folder.
+        command = [str(Path(runner).resolve())]
         for library in libraries:
-            command += ["--load-library", str(library)]
-        command += [str(pt2), str(in_path), str(out_path)]
+            command += ["--load-library", str(Path(library).resolve())]
+        command += [str(Path(pt2).resolve()), str(in_path), str(out_path)]
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, env=_bare_env(), cwd=tmp
         )
