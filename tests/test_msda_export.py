@@ -10,69 +10,36 @@ still export, and ``grid_sample`` (which must read it on the host) refuses with 
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
-
 import pytest
 import torch
+from export_util import (
+    BATCH,
+    HEAD_DIM,
+    HEADS,
+    POINTS,
+    QUERIES,
+    SIZES,
+    OpFromMaps,
+    feature_maps,
+    map_dims,
+    query_inputs,
+)
 from torch.export import Dim, export
 
 from npudet.nn import MSDeformAttn
 from npudet.ops.msda import msda_impls, multi_scale_deformable_attn
 
-HEADS, HEAD_DIM, POINTS = 2, 8, 2
-BATCH, QUERIES = Dim("batch", min=1, max=64), Dim("queries", min=1, max=4096)
-# Two levels, each of its own dynamic size.
-MAPS = [(Dim(f"h{i}", min=2, max=256), Dim(f"w{i}", min=2, max=256)) for i in range(2)]
 IMPLS = [name for name in ("grid_sample", "gather", "cpu", "triton") if name in msda_impls()]
-
-
-def _maps(batch: int, sizes: Sequence[Tuple[int, int]], seed: int) -> List[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, HEADS * HEAD_DIM, h, w, generator=gen) for h, w in sizes]
-
-
-def _query_inputs(batch: int, queries: int, seed: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    shape = (batch, queries, HEADS, 2, POINTS)
-    loc = torch.rand(*shape, 2, generator=gen) * 1.2 - 0.1
-    return loc, torch.rand(*shape, generator=gen)
-
-
-class OpFromMaps(torch.nn.Module):
-    """The op on value flattened from two feature maps, level shapes from their sizes."""
-
-    def __init__(self, impl: str):
-        super().__init__()
-        self.impl = impl
-
-    def forward(self, map0, map1, loc, attn):
-        maps = (map0, map1)
-        value = torch.cat([m.flatten(2).transpose(1, 2) for m in maps], 1)
-        value = value.unflatten(2, (HEADS, HEAD_DIM))
-        pairs = [(m.shape[2], m.shape[3]) for m in maps]
-        return multi_scale_deformable_attn(value, pairs, None, loc, attn, impl=self.impl)
-
-
-def _map_dims():
-    return [{0: BATCH, 2: h, 3: w} for h, w in MAPS]
-
-
-# Export size, then two others: batch 1 and 3, other maps and query counts.
-SIZES = [
-    (2, [(6, 5), (3, 4)], 7),
-    (1, [(9, 4), (5, 2)], 3),
-    (3, [(4, 11), (2, 6)], 12),
-]
 
 
 @pytest.mark.parametrize("impl", [*IMPLS, "auto"])
 def test_op_exports_with_dynamic_batch_queries_and_maps(impl):
     batch, sizes, queries = SIZES[0]
-    args = (*_maps(batch, sizes, 0), *_query_inputs(batch, queries, 1))
+    args = (*feature_maps(batch, sizes, 0), *query_inputs(batch, queries, 1))
     loc_dims = {0: BATCH, 1: QUERIES}
-    program = export(OpFromMaps(impl), args, dynamic_shapes=(*_map_dims(), loc_dims, loc_dims))
+    program = export(OpFromMaps(impl), args, dynamic_shapes=(*map_dims(), loc_dims, loc_dims))
     for n, (batch, sizes, queries) in enumerate(SIZES):
-        args = (*_maps(batch, sizes, n), *_query_inputs(batch, queries, n + 10))
+        args = (*feature_maps(batch, sizes, n), *query_inputs(batch, queries, n + 10))
         got = program.module()(*args)
         want = OpFromMaps("grid_sample")(*args)
         assert got.shape == (batch, queries, HEADS * HEAD_DIM)
@@ -91,11 +58,11 @@ class OpWithLevelTensor(torch.nn.Module):
 
 
 def _tensor_args(batch: int, sizes, queries: int, seed: int):
-    maps = _maps(batch, sizes, seed)
+    maps = feature_maps(batch, sizes, seed)
     value = torch.cat([m.flatten(2).transpose(1, 2) for m in maps], 1).unflatten(2, (HEADS, -1))
     shapes = torch.tensor(sizes)
     starts = torch.cat((shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]))
-    return (value, shapes, starts, *_query_inputs(batch, queries, seed + 10))
+    return (value, shapes, starts, *query_inputs(batch, queries, seed + 10))
 
 
 @pytest.mark.parametrize("impl", [i for i in IMPLS if i != "grid_sample"])
@@ -148,7 +115,7 @@ def _layer_args(batch: int, sizes, queries: int, seed: int):
     gen = torch.Generator().manual_seed(seed + 20)
     query = torch.randn(batch, queries, HEADS * HEAD_DIM, generator=gen)
     ref = torch.rand(batch, queries, 2, 2, generator=gen)
-    return (*_maps(batch, sizes, seed), query, ref)
+    return (*feature_maps(batch, sizes, seed), query, ref)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -158,7 +125,7 @@ def test_msdeformattn_exports_with_dynamic_batch_queries_and_maps(impl):
     program = export(
         model,
         _layer_args(*SIZES[0], seed=0),
-        dynamic_shapes=(*_map_dims(), query_dims, query_dims),
+        dynamic_shapes=(*map_dims(), query_dims, query_dims),
     )
     reference = LayerFromMaps("grid_sample")
     for n, size in enumerate(SIZES):
