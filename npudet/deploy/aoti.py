@@ -118,8 +118,8 @@ def build_runner(build_dir: Optional[Path] = None, timeout: float = 600.0) -> Pa
     )
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
-        errors = [ln for ln in done.stderr.splitlines() if "error" in ln] or [done.stderr[-300:]]
-        raise RuntimeError(f"building npudet_aoti_run failed: {errors[0].strip()[:300]}")
+        why = native_build.first_error(done.stderr) or f"exit {done.returncode}"
+        raise RuntimeError(f"building npudet_aoti_run failed: {why}")
     partial.replace(runner)
     return runner
 

@@ -114,17 +114,18 @@ def compiler_missing() -> Optional[str]:
     return None
 
 
-def _failure(name: str, exc: Exception) -> str:
-    """One line from a failed build: the compiler's first diagnostic (``file:line: error:``),
-    else the first line naming an error, else the last line."""
-    lines = str(exc).strip().splitlines()
+def first_error(text: str) -> str:
+    """The line of a compiler's output worth showing: its first diagnostic
+    (``file:line: error:``), else the first line naming an error, else the last line ("" for
+    no output)."""
+    lines = text.strip().splitlines()
     errors = (
         [line for line in lines if "error:" in line]
         or [line for line in lines if "error" in line.lower()]
         or lines[-1:]
-        or [repr(exc)]
+        or [""]
     )
-    return f"building {name} failed: {errors[0].strip()[:300]}"
+    return errors[0].strip()[:300]
 
 
 def load_library(
@@ -183,7 +184,7 @@ def load_library(
             verbose=False,
         )
     except Exception as exc:  # a compiler error, a missing header, an unusable cache: say why
-        reason = _failure(name, exc)
+        reason = f"building {name} failed: {first_error(str(exc)) or repr(exc)}"
         warnings.warn(f"npudet: {reason}", stacklevel=2)
         _loaded[name] = reason
         return reason
