@@ -30,6 +30,7 @@ def test_parity_and_property_tests_run_clean_under_sanitizers():
     )
     log = result.stdout + result.stderr
     sys.stdout.write(log[-4000:])
+    assert "[sanitize_cpu] testing the sanitized" in log, log[-4000:]  # not a fallback
     assert "ERROR: AddressSanitizer" not in log and "runtime error:" not in log
     assert result.returncode == 0, log[-4000:]
     assert " passed" in log and " failed" not in log

@@ -18,5 +18,14 @@ fi
 export NPUDET_CPU_SANITIZE=1
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+# The tests below fall back to other implementations when `cpu` is missing: first make sure
+# the sanitized build is the one that loads, or stop.
+LD_PRELOAD="$asan:$ubsan" .venv/bin/python -c "
+from npudet.ops.msda.backends import cpu_library as lib
+why = lib.unavailable_reason()
+assert why is None, f'the sanitized cpu kernel is unavailable: {why}'
+assert lib.sanitized(), 'the cpu kernel that loaded is not the sanitized build'
+print(f'[sanitize_cpu] testing the sanitized {lib.isa()} build: {lib.require()}')
+"
 LD_PRELOAD="$asan:$ubsan" exec .venv/bin/python -m pytest -q -p no:cacheprovider \
   tests/test_msda_parity.py tests/test_msda_property.py -k "cpu or auto" "$@"
