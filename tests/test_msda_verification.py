@@ -72,14 +72,24 @@ def _new_process() -> None:
 
 def test_key_holds_sources_build_versions_and_driver(fresh):
     key = records.fingerprint("gather", "cpu")
-    assert list(key) == ["sources", "build", *records.KEY_PACKAGES, "driver"]
+    assert list(key) == ["sources", "build", *records.KEY_PACKAGES, "driver", "toolkit"]
     assert key["torch"] == torch.__version__ and key["build"] is None
-    assert key["driver"] is None  # the CPU has none
+    assert key["driver"] is None and key["toolkit"] is None  # the CPU has neither
     assert (
         len(key["sources"]) == 16
         and key["sources"] != records.fingerprint("triton", "cpu")["sources"]
     )
     assert records.fingerprint("gather", "cpu") is key  # once per process
+
+
+def test_npu_key_names_the_cann_toolkit(fresh, monkeypatch):
+    monkeypatch.setattr(torch.version, "cann", "8.0.RC2", raising=False)
+    assert records.fingerprint("gather", "npu")["toolkit"] == "8.0.RC2"
+    assert records.fingerprint("gather", "cpu")["toolkit"] is None
+    old = records.Record("gather", "float32", True, key=dict(records.fingerprint("gather", "npu")))
+    records.fingerprint.cache_clear()
+    monkeypatch.setattr(torch.version, "cann", "8.1.RC1")
+    assert records.stale_reasons(old, "npu") == ["toolkit 8.0.RC2 -> 8.1.RC1"]
 
 
 @pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")

@@ -5,8 +5,8 @@ A record holds for a process whose ``fingerprint`` of the implementation equals 
 record's key: a hash of the sources the implementation runs (the modules of its classes
 and their ``MSDAImpl.SOURCES``: the C++ kernel, the Triton kernels and launch planners),
 its ``MSDAImpl.build_key()`` (the CPU kernel's instruction-set variant and compiler), the
-torch / triton / triton-ascend / mmcv / mx_driving / torch_npu versions and the device's
-driver (the device name is in the file's device key). The key is worked out at most once per
+torch / triton / triton-ascend / mmcv / mx_driving / torch_npu versions, the device's
+driver and, on Ascend, the CANN toolkit (the device name is in the file's device key). The key is worked out at most once per
 process per (implementation, device type): sources are hashed once per process.
 
 Record store (``NPUDET_VERIFY_FILE``, default ``~/.cache/npudet/verified.json``)::
@@ -190,6 +190,13 @@ def driver_version(device_type: str) -> Optional[str]:
     return found.group(1) if found else None
 
 
+def toolkit_version(device_type: str) -> Optional[str]:
+    """The device toolkit installed apart from torch: CANN on Ascend (``torch.version.cann``,
+    which torch_npu sets, e.g. ``"8.0.RC2"``); None elsewhere (CUDA's comes with the torch
+    build, whose version is in the key)."""
+    return getattr(torch.version, "cann", None) if device_type == "npu" else None
+
+
 @functools.cache
 def fingerprint(impl: str, device_type: str) -> Dict[str, Optional[str]]:
     """What a verification of ``impl`` on ``device_type`` holds for: the record's key.
@@ -203,6 +210,7 @@ def fingerprint(impl: str, device_type: str) -> Dict[str, Optional[str]]:
     for package in KEY_PACKAGES:
         key[package] = _distribution_version(package)
     key["driver"] = driver_version(device_type)
+    key["toolkit"] = toolkit_version(device_type)
     return key
 
 
