@@ -6,8 +6,9 @@ record's key: a hash of the sources the implementation runs (the modules of its 
 and their ``MSDAImpl.SOURCES``: the C++ kernel, the Triton kernels and launch planners),
 its ``MSDAImpl.build_key()`` (the CPU kernel's instruction-set variant and compiler), the
 torch / triton / triton-ascend / mmcv / mx_driving / torch_npu versions, the device's
-driver and, on Ascend, the CANN toolkit (the device name is in the file's device key). The key is worked out at most once per
-process per (implementation, device type): sources are hashed once per process.
+driver and, on Ascend, the CANN toolkit (the device name is in the file's device key). The
+key is worked out at most once per process per (implementation, device type): sources are
+hashed once per process.
 
 Record store (``NPUDET_VERIFY_FILE``, default ``~/.cache/npudet/verified.json``)::
 
