@@ -53,31 +53,12 @@ def check_msda(cfg: Config, device: Optional[str] = None) -> None:
             )
 
 
-def _probe_inputs(device: str):
-    """A small float32 training call on ``device``: what every layer's call looks like to
-    an implementation's device, dtype and size checks."""
-    from npudet.ops.msda import MSDAInputs
-
-    return MSDAInputs(
-        device_type=device,
-        dtype=torch.float32,
-        batch=1,
-        num_keys=20,
-        num_heads=8,
-        head_dim=32,
-        num_levels=2,
-        num_queries=10,
-        num_points=4,
-        requires_grad=True,
-    )
-
-
 def _device_reasons(name: str, device: str) -> List[str]:
-    from npudet.ops.msda import get_impl
+    from npudet.ops.msda import get_impl, typical_inputs
 
     if name == "auto":
         return []
-    return get_impl(name).not_supported_reasons(_probe_inputs(device))
+    return get_impl(name).not_supported_reasons(typical_inputs(device))
 
 
 def usable_impls(device: str) -> List[str]:

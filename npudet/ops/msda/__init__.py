@@ -8,7 +8,7 @@ Layers, highest first (a module imports only from its own layer or lower ones):
 from . import backends  # noqa: F401  (registers the implementations)
 from .api import multi_scale_deformable_attn, prepare
 from .auto import auto_order, select_impl
-from .inputs import MSDAInputs, validate_inputs
+from .inputs import MSDAInputs, typical_inputs, validate_inputs
 from .levels import LevelPairs, level_start_index, shapes_tensor
 from .registry import (
     MSDAImpl,
@@ -38,5 +38,6 @@ __all__ = [
     "registered_impls",
     "select_impl",
     "shapes_tensor",
+    "typical_inputs",
     "validate_inputs",
 ]

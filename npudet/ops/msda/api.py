@@ -8,7 +8,7 @@ import torch
 
 from . import call_plan, observe
 from .auto import nondeterministic_reason, select_impl
-from .inputs import MSDAInputs, validate_inputs
+from .inputs import typical_inputs, validate_inputs
 from .levels import as_level_pairs, check_pairs_cover, level_shapes_tensor
 from .levels import level_start_index as level_start_index_of
 
@@ -117,17 +117,5 @@ def prepare(
     device = torch.device(device)
     chosen = {}
     for dtype in dtypes:
-        typical = MSDAInputs(
-            device_type=device.type,
-            dtype=dtype,
-            batch=1,
-            num_keys=100,
-            num_heads=8,
-            head_dim=32,
-            num_levels=4,
-            num_queries=100,
-            num_points=4,
-            requires_grad=True,
-        )
-        chosen[dtype] = select_impl(impl, typical).NAME
+        chosen[dtype] = select_impl(impl, typical_inputs(device.type, dtype)).NAME
     return chosen

@@ -41,6 +41,23 @@ class MSDAInputs:
         return self.batch * self.num_keys * self.num_heads * self.head_dim
 
 
+def typical_inputs(device_type: str, dtype: torch.dtype = torch.float32) -> MSDAInputs:
+    """A usual training call (head_dim 32, 4 levels, 4 points, 8 heads): what ``prepare``
+    and the run preflight ask implementations about before any real call."""
+    return MSDAInputs(
+        device_type=device_type,
+        dtype=dtype,
+        batch=1,
+        num_keys=100,
+        num_heads=8,
+        head_dim=32,
+        num_levels=4,
+        num_queries=100,
+        num_points=4,
+        requires_grad=True,
+    )
+
+
 def empty_output(value: torch.Tensor, sampling_locations: torch.Tensor) -> torch.Tensor:
     """An uninitialised output of the contract: (bs, num_queries, heads * D), value's dtype
     (what the ops' fake kernels return)."""
