@@ -14,7 +14,12 @@ import json
 
 import torch
 
-from npudet.ops.msda import msda_impls, msda_variants, multi_scale_deformable_attn
+from npudet.ops.msda import (
+    level_start_index,
+    msda_impls,
+    msda_variants,
+    multi_scale_deformable_attn,
+)
 from npudet.ops.msda.backends import cpu as cpu_impl
 from npudet.ops.msda.backends import cpu_library
 from npudet.ops.msda.kernels.native_build import source_root
@@ -32,9 +37,8 @@ def inputs(shapes, batch, queries, heads, dim, points, bounds, dtype):
     """Random MSDA inputs: value (batch, keys, heads, dim), locations, weights."""
     gen = torch.Generator().manual_seed(0)
     spatial = torch.tensor(shapes, dtype=torch.long)
-    sizes = spatial.prod(1)
-    starts = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
-    value = torch.randn(batch, int(sizes.sum()), heads, dim, generator=gen, dtype=dtype)
+    starts = level_start_index(spatial)
+    value = torch.randn(batch, int(spatial.prod(1).sum()), heads, dim, generator=gen, dtype=dtype)
     shape = (batch, queries, heads, len(shapes), points)
     low, high = bounds
     loc = low + (high - low) * torch.rand(*shape, 2, generator=gen, dtype=dtype)

@@ -27,7 +27,7 @@ from export_util import (
 from torch.export import Dim, export
 
 from npudet.nn import MSDeformAttn
-from npudet.ops.msda import msda_impls, multi_scale_deformable_attn
+from npudet.ops.msda import level_start_index, msda_impls, multi_scale_deformable_attn
 
 IMPLS = [name for name in ("grid_sample", "gather", "cpu", "triton") if name in msda_impls()]
 
@@ -61,8 +61,7 @@ def _tensor_args(batch: int, sizes, queries: int, seed: int):
     maps = feature_maps(batch, sizes, seed)
     value = torch.cat([m.flatten(2).transpose(1, 2) for m in maps], 1).unflatten(2, (HEADS, -1))
     shapes = torch.tensor(sizes)
-    starts = torch.cat((shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]))
-    return (value, shapes, starts, *query_inputs(batch, queries, seed + 10))
+    return (value, shapes, level_start_index(shapes), *query_inputs(batch, queries, seed + 10))
 
 
 @pytest.mark.parametrize("impl", [i for i in IMPLS if i != "grid_sample"])

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from npudet.nn import MSDeformAttn
+from npudet.ops.msda import level_start_index
 
 
 @dataclass(frozen=True)
@@ -175,13 +176,12 @@ def make_batch(shape: DDETRShape, device: str, seed: int = 0) -> Dict[str, Tenso
     gen = torch.Generator().manual_seed(seed)
     levels = shape.level_shapes()
     keys = sum(h * w for h, w in levels)
-    sizes = torch.tensor([h * w for h, w in levels])
     b, q = shape.batch, shape.queries
     tensors = {
         "features": torch.randn(b, keys, shape.dim, generator=gen),
         "pos": torch.randn(b, keys, shape.dim, generator=gen),
         "shapes": torch.tensor(levels, dtype=torch.long),
-        "starts": torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1])),
+        "starts": level_start_index(torch.tensor(levels, dtype=torch.long)),
         "labels": torch.randint(0, shape.classes, (b, q), generator=gen),
         "boxes": torch.rand(b, q, 4, generator=gen),
     }

@@ -10,7 +10,7 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from npudet.nn import DeformableAttention
-from npudet.ops.msda import check_impl_name
+from npudet.ops.msda import check_impl_name, level_start_index
 
 
 def bev_pillar_points(
@@ -185,6 +185,4 @@ def flatten_levels(mlvl_feats: List[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     shapes = [f.shape[-2:] for f in mlvl_feats]
     feats = torch.cat([f.flatten(3).transpose(2, 3) for f in mlvl_feats], 2)
     spatial_shapes = torch.tensor(shapes, dtype=torch.long, device=feats.device)
-    areas = spatial_shapes[:, 0] * spatial_shapes[:, 1]
-    level_start_index = torch.cat((areas.new_zeros(1), areas.cumsum(0)[:-1]))
-    return feats, spatial_shapes, level_start_index
+    return feats, spatial_shapes, level_start_index(spatial_shapes)

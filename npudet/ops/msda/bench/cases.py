@@ -16,6 +16,7 @@ from typing import Dict, List, Tuple
 import torch
 
 from ..kernels.triton_launch import MSDAShape
+from ..levels import level_start_index
 
 PATTERNS = ("realistic", "uniform")
 
@@ -121,8 +122,7 @@ def make_inputs(
     b, q, nh, d, p = case.batch, case.num_queries, case.num_heads, case.head_dim, case.num_points
     nl = len(case.levels)
     shapes = torch.tensor(case.levels, dtype=torch.long)
-    sizes = shapes.prod(1)
-    starts = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
+    starts = level_start_index(shapes)
     value = torch.randn(b, case.num_keys, nh, d, generator=gen)
     if pattern == "uniform":
         loc = torch.rand(b, q, nh, nl, p, 2, generator=gen)

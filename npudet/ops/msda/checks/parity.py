@@ -37,6 +37,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..inputs import validate_inputs
+from ..levels import level_start_index
 from ..observe import MSDACall
 from ..registry import get_impl
 from .records import dtype_name, fingerprint
@@ -138,9 +139,7 @@ def case_summary(row: dict) -> str:
 def level_layout(shapes: Sequence[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, int]:
     """(spatial_shapes (levels, 2) long, level_start_index (levels,) long, num_keys) of levels."""
     spatial = torch.tensor(shapes, dtype=torch.long)
-    sizes = spatial.prod(1)
-    starts = torch.cat((sizes.new_zeros(1), sizes.cumsum(0)[:-1]))
-    return spatial, starts, int(sizes.sum())
+    return spatial, level_start_index(spatial), int(spatial.prod(1).sum())
 
 
 def small_inputs(
