@@ -21,7 +21,7 @@ graph, so the file runs at other image sizes.
 Flavours (``FLAVOURS``):
 
 * ``"npudet"``: ``npudet::MultiScaleDeformableAttn`` v1, int64 shapes; run by npudet's
-  ONNX Runtime library (``npudet.deploy.ort_library``).
+  ONNX Runtime library (``npudet.deploy.ort_library()``).
 * ``"mmdeploy"``: ``mmdeploy::MMCVMultiScaleDeformableAttention`` v1 with ``im2col_step=64``,
   as mmdeploy 1.3's symbolic writes it; the shapes are cast to int32, which its TensorRT
   plugin (``MultiScaleDeformableAttnPluginDynamic``) requires of inputs 1 and 2.
