@@ -88,7 +88,7 @@ if ! "$py" -c "import mmcv.ops" >/dev/null 2>&1; then
 fi
 
 echo "[setup] installing npudet and its dependencies"
-extras="dev,triton,coco"
+extras="dev,triton,coco,deploy"
 # mmengine 0.10.7 imports pkg_resources, which setuptools >= 81 no longer ships;
 # torch 2.13 asks for setuptools >= 77.0.3.
 echo "setuptools>=77.0.3,<81" >> "$constraints"

@@ -48,7 +48,7 @@ def package(
     return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out_path)))
 
 
-def _torch_dirs() -> Dict[str, List[Path]]:
+def torch_dirs() -> Dict[str, List[Path]]:
     """The installed torch's header folders and its library folder."""
     root = Path(torch.__file__).resolve().parent
     include = root / "include"
@@ -58,7 +58,7 @@ def _torch_dirs() -> Dict[str, List[Path]]:
 def runner_command(source: Path, out: Path) -> List[str]:
     """The compiler command that builds the runner ``out`` from ``source``: libtorch's
     headers, its libraries with an rpath to them, torch's C++ ABI, no Python."""
-    dirs = _torch_dirs()
+    dirs = torch_dirs()
     abi = int(torch.compiled_with_cxx11_abi())
     lib = dirs["lib"][0]
     return [

@@ -2,7 +2,8 @@
 
 Layers, highest first (a module imports only from its own layer or lower ones):
 ``bench`` > ``api`` > ``auto`` > ``checks`` > ``backends`` > ``kernels``, with the core
-``registry`` > ``call_plan`` > ``inputs`` / ``observe`` > ``levels`` below ``backends``.
+``registry`` > ``call_plan`` > ``inputs`` / ``observe`` > ``levels`` / ``export_node`` below
+``backends``.
 """
 
 from . import backends  # noqa: F401  (registers the implementations)

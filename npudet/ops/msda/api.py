@@ -6,7 +6,7 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 
-from . import call_plan, observe
+from . import call_plan, export_node, observe
 from .auto import nondeterministic_reason, select_impl
 from .inputs import typical_inputs, validate_inputs
 from .levels import as_level_pairs, check_pairs_cover, level_shapes_tensor
@@ -69,6 +69,10 @@ def multi_scale_deformable_attn(
     )
     if pairs is not None:
         check_pairs_cover(pairs, inputs.num_keys)
+    node = export_node.active()
+    if node is not None:  # an exporter records the call as a deployment route's node
+        tensors = (value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+        return node(*tensors, level_shapes=pairs)
     chosen = select_impl(impl, inputs)
     if compiling or pairs is not None or not call_plan.plannable(impl, value):
         # Traced, level pairs, a subclass (FakeTensor) or observed: served without a plan.
