@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.autograd import forward_ad
 
 from npudet.utils.packages import importable
+from npudet.utils.torch_compat import assume_constant_result
 
 from .. import kernels
 from ..inputs import MSDAInputs, empty_output, register_fake_kernels
@@ -43,7 +44,7 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _cpu_reasons() -> tuple:
     """Why CPU tensors cannot run here: they need the interpreter."""
     loaded = sys.modules.get(_KERNELS)
