@@ -64,7 +64,7 @@ def candidate_impls(
 
     info = validate_inputs(*random_inputs(dtype=dtype))
     info = dataclasses.replace(info, device_type=device)
-    with mock.patch("torch.compiler.is_compiling", return_value=compiling):
+    with mock.patch("npudet.utils.torch_compat.torch_is_compiling", return_value=compiling):
         return [
             name
             for name in msda_impls() + (msda_variants() if variants else [])
