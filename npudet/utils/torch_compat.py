@@ -15,7 +15,13 @@ from typing import Callable
 
 import torch
 
-__all__ = ["assume_constant_result", "is_autocast_available", "is_compiling", "register_fake"]
+__all__ = [
+    "assume_constant_result",
+    "is_autocast_available",
+    "is_compiling",
+    "is_exporting",
+    "register_fake",
+]
 
 
 def _dynamo_function(name: str) -> Callable:
@@ -37,6 +43,14 @@ def is_compiling() -> bool:
     """Whether ``torch.compile`` / ``torch.export`` is tracing the caller (``torch_is_compiling``
     looked up at each call; dynamo inlines this and folds torch's function to True)."""
     return torch_is_compiling()
+
+
+def is_exporting() -> bool:
+    """Whether ``torch.export`` is tracing the caller: ``torch.compiler.is_exporting``
+    (torch >= 2.5); False on older torch, which has no such flag (its export traces as
+    ``torch.compile`` does)."""
+    exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(exporting is not None and exporting())
 
 
 # Decorator: dynamo calls the function eagerly and bakes its result into the graph.
