@@ -5,7 +5,8 @@ Imports ``npudet.ops`` and ``npudet.nn``, builds the ``cpu`` kernel (its C++ aut
 included), runs an ``MSDeformAttn`` layer forward and backward through ``cpu`` and through
 ``grid_sample`` and compares them, runs the ``cpu`` and ``triton`` forward ops on meta
 tensors (their fake kernels), then prints one JSON line: torch's version, ``msda_impls()``,
-the autograd kernel, why ``triton`` is unavailable, the largest difference, the meta shapes. Self-contained: only torch and npudet.
+the autograd kernel, why ``triton`` is unavailable, the largest difference, the meta shapes.
+Self-contained: only torch and npudet.
 """
 
 from __future__ import annotations
