@@ -26,7 +26,9 @@ SETUP = "bash tools/setup_oldtorch.sh"
 OLDEST_TORCH = "2.1."
 CHECK = Path(__file__).resolve().parent / "oldest_torch_check.py"
 # The op library's tests that need torch only (no OpenMMLab); mmcv's route reports itself
-# unavailable there and triton's too (torch 2.1 pins triton 2.1).
+# unavailable there and triton's too (torch 2.1 pins triton 2.1). Not test_msda_dispatch.py:
+# on torch 2.1 ``gather``'s backward has no Meta kernel (aten::_embedding_bag_per_sample_
+# weights_backward), so its fake-tensor and torch.compile cases fail there.
 OP_TESTS = [
     "tests/test_msda_parity.py",
     "tests/test_msda_property.py",
@@ -35,7 +37,6 @@ OP_TESTS = [
     "tests/test_msda_validation.py",
     "tests/test_msda_int64.py",
     "tests/test_msda_levels.py",
-    "tests/test_msda_dispatch.py",
     "tests/test_cpu_options.py",
 ]
 
