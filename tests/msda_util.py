@@ -64,7 +64,7 @@ def candidate_impls(
 
     info = validate_inputs(*random_inputs(dtype=dtype))
     info = dataclasses.replace(info, device_type=device)
-    with mock.patch("torch.compiler.is_compiling", return_value=compiling):
+    with mock.patch("npudet.utils.torch_compat.torch_is_compiling", return_value=compiling):
         return [
             name
             for name in msda_impls() + (msda_variants() if variants else [])
@@ -100,7 +100,10 @@ def run(impl: str, inputs: Inputs, grad_seed: int = 1, device: str = "cpu"):
     leaves = [t.detach().clone().requires_grad_() for t in (value, loc, attn)]
     out = msda(leaves[0], spatial, starts, leaves[1], leaves[2], impl=impl)
     gen = torch.Generator().manual_seed(grad_seed)
-    grad = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(device)
+    # Half-precision gradients are drawn in float32 and rounded: torch 2.1 draws float16 and
+    # bfloat16 from another stream than float32, and the reference runs in float32.
+    draw = out.dtype if out.dtype in (torch.float32, torch.float64) else torch.float32
+    grad = torch.randn(out.shape, generator=gen, dtype=draw).to(out.dtype).to(device)
     grads = torch.autograd.grad(out, leaves, grad)
     return out.cpu(), tuple(g.cpu() for g in grads)
 

@@ -6,6 +6,8 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 
+from npudet.utils.torch_compat import is_compiling
+
 from . import call_plan, export_node, observe
 from .auto import nondeterministic_reason, select_impl
 from .inputs import typical_inputs, validate_inputs
@@ -58,7 +60,7 @@ def multi_scale_deformable_attn(
         spatial_shapes = level_shapes_tensor(pairs, device)
     if level_start_index is None:
         level_start_index = level_start_index_of(spatial_shapes)
-    compiling = torch.compiler.is_compiling()
+    compiling = is_compiling()
     inputs = validate_inputs(
         value,
         spatial_shapes,

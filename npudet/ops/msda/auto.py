@@ -60,6 +60,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from npudet.utils.torch_compat import assume_constant_result, is_compiling
+
 from . import call_plan
 from .checks import parity, records
 from .checks.records import DType, Record, current_device_name, dtype_name
@@ -182,7 +184,7 @@ def _decide(device_type: str, impl: str, dtype: str) -> str:
         return parity.check_impl(impl, device_type, getattr(torch, dtype))
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def known_verdict(impl: str, device_type: str, dtype: str) -> str:
     """``verdict`` as a constant to ``torch.compile``: evaluated eagerly, never traced."""
     return verdict(impl, device_type, dtype)
@@ -246,7 +248,7 @@ def _static_order(device_type: str) -> List[str]:
     return [n for n in AUTO_PRIORITY.get(device_type, DEFAULT_PRIORITY) if n in registered]
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _constant_order(device_type: str, dtype: str) -> tuple:
     """``auto_order(device_type, dtype)``; a constant to ``torch.compile``."""
     return tuple(measured_order(_static_order(device_type), device_type, dtype))
@@ -254,7 +256,7 @@ def _constant_order(device_type: str, dtype: str) -> tuple:
 
 def _verdict(name: str, device_type: str, dtype: torch.dtype) -> str:
     """Empty if ``auto`` may trust ``name`` here, else why not; a constant when compiling."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return known_verdict(name, device_type, dtype_name(dtype))
     return verdict(name, device_type, dtype)
 
@@ -337,7 +339,7 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
         if not reasons:
             key = (inputs.device_type, inputs.dtype, name, tuple(r for r, _ in rejected))
             # Logging does not trace; a compiled call's choice is the eager one's.
-            if not torch.compiler.is_compiling() and key not in _announced:
+            if not is_compiling() and key not in _announced:
                 _announced.add(key)
                 _announce(name, inputs, rejected)
             return candidate

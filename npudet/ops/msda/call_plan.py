@@ -27,6 +27,8 @@ from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 
+from npudet.utils.torch_compat import is_compiling
+
 from . import observe
 from .inputs import _check_levels
 
@@ -114,7 +116,7 @@ def plannable(impl: str, value: torch.Tensor) -> bool:
         not observe._ACTIVE
         and type(impl) is str
         and type(value) is torch.Tensor
-        and not torch.compiler.is_compiling()
+        and not is_compiling()
     )
 
 

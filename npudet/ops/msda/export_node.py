@@ -14,6 +14,8 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from npudet.utils.torch_compat import is_exporting
+
 # (value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
 #  level_shapes=None or the (H, W) pairs) -> (bs, num_queries, heads * head_dim)
 NodeFunction = Callable[..., torch.Tensor]
@@ -39,6 +41,6 @@ def active() -> Optional[NodeFunction]:
     """The node function to record this call as: set and an exporter tracing, else None."""
     if _NODE is None:
         return None
-    if torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting():
+    if torch.onnx.is_in_onnx_export() or is_exporting():
         return _NODE
     return None

@@ -18,6 +18,8 @@ from typing import Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from npudet.utils.torch_compat import register_fake
+
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -88,8 +90,8 @@ def register_fake_kernels(lib: torch.library.Library, forward: str, backward: st
     def fake_backward(grad_output, value, spatial_shapes, starts, sampling_locations, attn, *rest):
         return empty_grads(value, sampling_locations, attn)
 
-    torch.library.register_fake(forward, fake_forward, lib=lib)
-    torch.library.register_fake(backward, fake_backward, lib=lib)
+    register_fake(forward, fake_forward, lib)
+    register_fake(backward, fake_backward, lib)
 
 
 def _shape_error(name: str, expected: str, tensor: torch.Tensor) -> ValueError:

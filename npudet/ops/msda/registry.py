@@ -15,6 +15,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from npudet.utils.torch_compat import assume_constant_result
+
 from . import call_plan
 from .call_plan import Kernel
 from .inputs import MSDAInputs
@@ -90,7 +92,7 @@ _REGISTRY: Dict[str, MSDAImpl] = {}
 _VARIANTS: Set[str] = set()
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _unavailable(name: str) -> tuple:
     """``unavailable_reasons`` of a registered name; a constant to ``torch.compile``."""
     return tuple(_REGISTRY[name].unavailable_reasons())

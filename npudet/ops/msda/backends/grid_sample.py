@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 
+from npudet.utils.torch_compat import is_exporting
+
 from ..levels import LevelPairs
 from ..registry import MSDAImpl, register
 
@@ -16,8 +18,7 @@ from ..registry import MSDAImpl, register
 def _traced_by_export(spatial_shapes: torch.Tensor) -> bool:
     """Whether ``spatial_shapes`` is a tensor ``torch.export`` is tracing (whose values are
     data to it). A real tensor during an export (``auto``'s verification) reads as usual."""
-    is_exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
-    return bool(is_exporting and is_exporting()) and is_fake(spatial_shapes)
+    return is_exporting() and is_fake(spatial_shapes)
 
 
 def msda_grid_sample(

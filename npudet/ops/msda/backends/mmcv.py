@@ -24,6 +24,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from npudet.utils.packages import importable
+from npudet.utils.torch_compat import is_compiling
 
 from ..inputs import MSDAInputs
 from ..registry import MSDAImpl, register
@@ -129,7 +130,7 @@ class MMCVImpl(MSDAImpl):
 
     def not_supported_reasons(self, inputs: MSDAInputs) -> List[str]:
         reasons = super().not_supported_reasons(inputs)
-        return reasons + call_reasons(inputs, torch.compiler.is_compiling())
+        return reasons + call_reasons(inputs, is_compiling())
 
     def forward(
         self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights

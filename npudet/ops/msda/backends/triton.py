@@ -16,13 +16,14 @@ import contextlib
 import importlib
 import os
 import sys
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from npudet.utils.packages import importable
+from npudet.utils.packages import package_version
+from npudet.utils.torch_compat import assume_constant_result
 
 from .. import kernels
 from ..inputs import MSDAInputs, empty_output, register_fake_kernels
@@ -43,7 +44,7 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _cpu_reasons() -> tuple:
     """Why CPU tensors cannot run here: they need the interpreter."""
     loaded = sys.modules.get(_KERNELS)
@@ -59,6 +60,15 @@ def _cpu_reasons() -> tuple:
         "cpu tensors run only under the Triton interpreter (set TRITON_INTERPRET=1 "
         "before the first Triton kernel is compiled; a slow test path)",
     )
+
+
+MIN_TRITON_MAJOR = 3  # as the ``triton`` extra of pyproject.toml declares
+
+
+def _major(version: str) -> Optional[int]:
+    """The major release of a version string (``"2.1.0"`` -> 2); None when it states none."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 # The runtime arguments each op can pass, in the order its launchers take them.
@@ -256,9 +266,19 @@ class TritonImpl(MSDAImpl):
     )
 
     def unavailable_reasons(self) -> List[str]:
-        if importable("triton"):
-            return []
-        return ["triton does not import (pip install 'npudet[triton]'; triton-ascend on Ascend)"]
+        version = package_version("triton")
+        if version is None:
+            return [
+                "triton does not import (pip install 'npudet[triton]'; triton-ascend on Ascend)"
+            ]
+        # The kernels use triton 3's language and interpreter; torch 2.1 pins triton 2.1.
+        major = _major(version)
+        if major is not None and major < MIN_TRITON_MAJOR:
+            return [
+                f"triton {version} is older than {MIN_TRITON_MAJOR}.0, which the kernels "
+                "need (torch 2.1 and 2.2 pin triton 2.x: use torch >= 2.3 for this route)"
+            ]
+        return []
 
     def not_supported_reasons(self, inputs: MSDAInputs) -> List[str]:
         reasons = super().not_supported_reasons(inputs)

@@ -36,6 +36,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from npudet.utils.torch_compat import is_autocast_available
+
 from ..inputs import validate_inputs
 from ..levels import level_start_index
 from ..observe import MSDACall
@@ -312,7 +314,7 @@ def _check_context(device_type: str) -> Iterator[None]:
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad())
         for kind in {"cpu", device_type}:
-            if torch.amp.is_autocast_available(kind):
+            if is_autocast_available(kind):
                 stack.enter_context(torch.autocast(kind, enabled=False))
         torch.set_num_threads(1)
         stack.callback(torch.set_num_threads, threads)
