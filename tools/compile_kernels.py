@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from npudet.ops.msda.bench.cases import launch_shapes
+from npudet.ops.msda.bench.provenance import provenance
 from npudet.ops.msda.checks import ascend_lowering, kernel_compile
 from npudet.ops.msda.kernels.triton_launch import plan_launches
 
@@ -252,6 +253,7 @@ def main(argv: Sequence[str] = ()) -> int:
         report = dict(
             command="python tools/compile_kernels.py " + " ".join(argv or sys.argv[1:]),
             triton=triton.__version__,
+            **provenance(),
             targets=args.targets,
             ascend=ascend_status,
             seconds=round(seconds, 1),
