@@ -63,7 +63,9 @@ def gpu_named(monkeypatch):
     monkeypatch.setattr(
         auto,
         "current_device_name",
-        lambda device_type: "Test GPU" if device_type == "cuda" else real(device_type),
+        lambda device_type, index=None: (
+            "Test GPU" if device_type == "cuda" else real(device_type, index)
+        ),
     )
 
 
@@ -374,7 +376,7 @@ def test_compiled_auto_checks_outside_the_graph(fresh):
         backend=backend,
     )
     out = compiled(value, loc, attn)
-    assert auto._verdicts == {("cpu", "cpu", "float32"): ""}
+    assert auto._verdicts == {("cpu", records.current_device_name("cpu"), "cpu", "float32"): ""}
     torch.testing.assert_close(
         out, 2 * multi_scale_deformable_attn(value, spatial, starts, loc, attn)
     )
