@@ -2,6 +2,7 @@
 
     python tools/compile_kernels.py --json results/kernel_compile.json
     python tools/compile_kernels.py --targets cuda:80 --dtypes float32 --cases ddetr-enc
+    python tools/compile_kernels.py --table-of results/kernel_compile.json   # the docs' table
 
 CUDA (``cuda:80``, ``cuda:90``): triton compiles the launches the custom ops plan
 (``npudet/ops/msda/kernels/triton_launch.py``) to cubins; registers, stack (spills) and shared
@@ -34,6 +35,7 @@ from typing import Dict, List, Sequence, Tuple
 from npudet.ops.msda.bench.cases import launch_shapes
 from npudet.ops.msda.bench.provenance import provenance
 from npudet.ops.msda.checks import ascend_lowering, kernel_compile
+from npudet.ops.msda.checks.compile_table import cuda_table
 from npudet.ops.msda.kernels.triton_launch import plan_launches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,7 +219,16 @@ def main(argv: Sequence[str] = ()) -> int:
         help="the HIVM compiler of the Ascend rows (bishengir-compile-a5: the next generation)",
     )
     parser.add_argument("--ascend-arch", default="Ascend910B3", help="its --target")
+    parser.add_argument(
+        "--table-of",
+        type=Path,
+        default=None,
+        help="print the docs' register table of a stored --json report, compile nothing",
+    )
     args = parser.parse_args(list(argv) or None)
+    if args.table_of is not None:
+        print(cuda_table(json.loads(args.table_of.read_text())))
+        return 0
     for name, given, known in (
         ("--targets", args.targets, TARGETS),
         ("--dtypes", args.dtypes, kernel_compile.CUDA_DTYPES),
