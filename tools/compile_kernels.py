@@ -238,6 +238,7 @@ def main(argv: Sequence[str] = ()) -> int:
         if unknown:
             parser.error(f"{name}: unknown {unknown}; expected some of {list(known)}")
     chosen = {c: shapes[c] for c in args.cases}
+    origin = provenance()  # the commit compiled: taken before, as the checkout may move on
     start = time.perf_counter()
     cuda_targets = [t for t in args.targets if t != "ascend"]
     rows = kernel_compile.check_cuda(chosen, cuda_targets, args.dtypes) if cuda_targets else []
@@ -264,7 +265,7 @@ def main(argv: Sequence[str] = ()) -> int:
         report = dict(
             command="python tools/compile_kernels.py " + " ".join(argv or sys.argv[1:]),
             triton=triton.__version__,
-            **provenance(),
+            **origin,
             targets=args.targets,
             ascend=ascend_status,
             seconds=round(seconds, 1),
