@@ -45,3 +45,47 @@ def cuda_table(report: dict) -> str:
     commit = commit[:7] + ("+dirty" if commit.endswith("+dirty") else "")
     title = f"triton {report.get('triton', '?')}, commit {commit}, {len(rows)} CUDA launches"
     return title + ":\n\n" + "\n".join(lines)
+
+
+def _percent_fewer(before: int, after: int) -> float:
+    return 100.0 * (before - after) / before
+
+
+def ascend_change(before: dict, after: dict, head_dims: Dict[str, int]) -> str:
+    """Markdown: per (kernel, dtype) of the Ascend rows in both reports, how many percent
+    fewer scalar loads and sync ops ``after`` has than ``before`` (HIVM figures), as the
+    range over the cases of head_dim >= 8 and, apart, those below (``head_dims``: case ->
+    head_dim); negative: more."""
+
+    def ascend(report: dict) -> Dict[Tuple[str, str, str], dict]:
+        return {
+            (r["kernel"], r["dtype"], r["case"]): r
+            for r in report["rows"]
+            if r["target"] == "ascend" and r["compiled"]
+        }
+
+    was, now = ascend(before), ascend(after)
+    fields = (("scalar loads", "hivm_scalar_loads"), ("sync ops", "hivm_sync_ops"))
+    head = ["kernel", "dtype"]
+    head += [f"% fewer {label}, head_dim >= 8" for label, _ in fields]
+    head += [f"% fewer {label}, head_dim < 8" for label, _ in fields]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for kernel, label in KERNEL_NAMES:
+        for dtype in CUDA_DTYPES:
+            keys = [k for k in now if k[:2] == (kernel, dtype) and k in was]
+            if not keys:
+                continue
+            cells = [label, dtype]
+            for wide in (True, False):
+                for _, field in fields:
+                    changes = sorted(
+                        _percent_fewer(was[k][field], now[k][field])
+                        for k in keys
+                        if (head_dims[k[2]] >= 8) == wide and was[k][field]
+                    )
+                    span = f"{changes[0]:.0f}" if changes else "-"
+                    if len(changes) > 1 and round(changes[-1]) != round(changes[0]):
+                        span += f" to {changes[-1]:.0f}"
+                    cells.append(span)
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
