@@ -7,6 +7,8 @@ exists (the measurement's own output, with its commit and machine), or carry the
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 from pathlib import Path
 from typing import List
@@ -58,3 +60,16 @@ def test_every_headline_figure_has_its_file_or_says_not_stored():
 )
 def test_the_check_fails_a_row_without_its_file(row, fails):
     assert bool(unbacked([row])) is fails
+
+
+def test_the_host_cost_table_in_the_docs_is_the_stored_file():
+    """docs/ops/index.md quotes ``tools/host_cost_at.py --table-of`` of the stored report,
+    whose two commits are named and whose "before" precedes the call plans."""
+    spec = importlib.util.spec_from_file_location("host_cost_at", ROOT / "tools/host_cost_at.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    report = json.loads((ROOT / "results" / "host_cost_before_after.json").read_text())
+    assert set(report["checkouts"]) == {"before", "after"}
+    assert report["machine"]["cpu_model"] and report["machine"]["aten_capability"]
+    assert all(len(c["commit"]) >= 40 for c in report["checkouts"].values())
+    assert tool.table(report) in (ROOT / "docs" / "ops" / "index.md").read_text()

@@ -133,11 +133,19 @@ def _assert_same_detections(got: Dict[str, torch.Tensor], want: Dict[str, torch.
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_shapes: str, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, str]:
+def grid_sample_run(tiny_shapes: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """grid_sample for 2 epochs (2 iterations each): the checkpoint the other runs use."""
+    work = str(tmp_path_factory.mktemp("runs") / "grid_sample")
+    _train(work, "grid_sample", tiny_shapes, 2)
+    return work
+
+
+@pytest.fixture(scope="module")
+def runs(grid_sample_run: str, tiny_shapes: str, tmp_path_factory) -> Dict[str, str]:
     """grid_sample for 2 epochs (2 iterations each); cpu for 1; a resume of the first."""
-    root = tmp_path_factory.mktemp("runs")
-    works = {name: str(root / name) for name in ("grid_sample", "cpu", "resumed")}
-    _train(works["grid_sample"], "grid_sample", tiny_shapes, 2)
+    root = tmp_path_factory.mktemp("more_runs")
+    works = {"grid_sample": grid_sample_run}
+    works |= {name: str(root / name) for name in ("cpu", "resumed")}
     _train(works["cpu"], "cpu", tiny_shapes, 1)
     _train(
         works["resumed"],
@@ -191,10 +199,10 @@ def test_resume_continues_with_the_same_losses(runs: Dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def checkpoint_runs(runs: Dict[str, str], tiny_shapes: str, tmp_path_factory) -> dict:
+def checkpoint_runs(grid_sample_run: str, tiny_shapes: str, tmp_path_factory) -> dict:
     """The grid_sample checkpoint evaluated with grid_sample, cpu and the negative control
     ``shifted_for_test``: impl -> (metrics, image id -> predictions)."""
-    ckpt = os.path.join(runs["grid_sample"], "epoch_2.pth")
+    ckpt = os.path.join(grid_sample_run, "epoch_2.pth")
     root = tmp_path_factory.mktemp("checkpoint")
     out = {}
     for impl in ("grid_sample", "cpu", perturbed.NAME):
