@@ -30,17 +30,10 @@ class ShiftedForTest(MSDAImpl):
     NAME = NAME
     DEVICES = ("cpu",)
 
-    def forward(
-        self,
-        value: torch.Tensor,
-        spatial_shapes: torch.Tensor,
-        level_start_index: torch.Tensor,
-        sampling_locations: torch.Tensor,
-        attention_weights: torch.Tensor,
-    ) -> torch.Tensor:
-        return get_impl("grid_sample").forward(
-            value, spatial_shapes, level_start_index, sampling_locations + SHIFT, attention_weights
-        )
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """(value, spatial_shapes, level_start_index, locations, weights) -> output."""
+        value, shapes, starts, locations, weights = inputs
+        return get_impl("grid_sample").forward(value, shapes, starts, locations + SHIFT, weights)
 
 
 def main() -> None:
