@@ -180,7 +180,8 @@ def test_recorded_failure_is_skipped_with_one_warning(fresh, gpu_named, gpu_kern
         Record("mmcv", "float32", False, "output: max error 3.1e-01 > 1e-04 vs grid_sample"),
         Record("triton", "float32", True, "", 3.36, "ddetr-enc"),
     )
-    with pytest.warns(RuntimeWarning, match=r"skipping 'mmcv' on cuda float32: recorded.*3\.1e-01"):
+    skipped = r"skipping 'mmcv' on cuda \(Test GPU\) float32: recorded.*3\.1e-01"
+    with pytest.warns(RuntimeWarning, match=skipped):
         assert select_impl("auto", cuda_call()).NAME == "triton"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
