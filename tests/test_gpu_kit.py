@@ -96,8 +96,6 @@ def test_dry_run_training_and_compile(dry_run):
 
 def test_dry_run_host_cost(dry_run):
     result = dry_run[0]
-    if "--host" not in (ROOT / "tools" / "benchmark_msda.py").read_text():
-        pytest.skip("tools/benchmark_msda.py has no --host mode here")
     assert result["parts"]["host_cost"]["status"] == "ok"
     impls = {r["impl"] for r in result["host_cost"]}
     assert {"grid_sample", "gather"} <= impls and "triton" not in impls

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from npudet.ops.msda.bench.cases import launch_shapes  # noqa: E402
 from npudet.ops.msda.checks import kernel_compile  # noqa: E402
+from npudet.ops.msda.checks.compile_table import cuda_table  # noqa: E402
 from npudet.ops.msda.kernels.triton_launch import (  # noqa: E402
     MAX_GRID_X,
     MAX_GRID_YZ,
@@ -52,6 +53,42 @@ def test_every_planned_cuda_launch_compiles_within_limits(target):
         or r["local_bytes"] != 0
     ]
     assert not bad, "\n".join(bad)
+    # The stored report the docs quote is what this checkout compiles (same triton): a kernel
+    # or planner change must regenerate it (python tools/compile_kernels.py --json ...).
+    stored = json.loads(STORED.read_text())
+    if stored["triton"] == triton.__version__:
+        figures = ("registers", "stack_bytes", "num_warps")
+        want = {
+            _row_key(r): [r[f] for f in figures] for r in stored["rows"] if r["target"] == target
+        }
+        got = {_row_key(r): [r[f] for f in figures] for r in rows}
+        assert got == want, f"{STORED.name} is stale for {target}: rerun {stored['command']}"
+
+
+STORED = ROOT / "results" / "kernel_compile.json"
+
+
+def _row_key(row: dict) -> tuple:
+    return (row["kernel"], row["dtype"], row["case"])
+
+
+@pytest.mark.parametrize(
+    ("page", "report"),
+    [
+        ("docs/ops/triton-cuda.md", "results/kernel_compile.json"),
+        ("docs/ops/gpu-runs.md", "results/kernel_compile_triton3.6.0.json"),
+    ],
+)
+def test_docs_quote_the_stored_register_tables(page, report):
+    """The register tables on the pages are ``--table-of`` of the stored reports, verbatim."""
+    stored = json.loads((ROOT / report).read_text())
+    assert stored["commit"] and stored["machine"]["cpu_model"]
+    assert cuda_table(stored) in (ROOT / page).read_text(), (
+        f"{page}: paste the output of python tools/compile_kernels.py --table-of {report}"
+    )
+    cuda = [r for r in stored["rows"] if r["target"] in kernel_compile.CUDA_TARGETS]
+    mangled = dict(stored, rows=[dict(r, registers=r["registers"] + 1) for r in cuda])
+    assert cuda_table(mangled) not in (ROOT / page).read_text()
 
 
 HUGE = MSDAShape(

@@ -19,6 +19,9 @@ from npudet.ops import multi_scale_deformable_attn, prepare
 from npudet.ops.msda import auto, call_plan, get_impl, registry
 from npudet.ops.msda.checks import parity
 from npudet.ops.msda.observe import MSDAObserver, observing
+from npudet.utils.device import device_name
+
+CPU = device_name("cpu")  # auto's verdicts are keyed by the device model
 
 
 def _refuse(*args, **kwargs):
@@ -133,8 +136,8 @@ def test_prepare_verifies_ahead_so_the_first_call_checks_nothing(monkeypatch):
         torch.float64: "cpu",
     }
     assert auto._verdicts == {
-        ("cpu", "cpu", "float32"): "",
-        ("cpu", "cpu", "float64"): "",
+        ("cpu", CPU, "cpu", "float32"): "",
+        ("cpu", CPU, "cpu", "float64"): "",
     }
     monkeypatch.setattr(parity, "check_impl", _refuse)
     multi_scale_deformable_attn(*random_inputs())
@@ -142,7 +145,7 @@ def test_prepare_verifies_ahead_so_the_first_call_checks_nothing(monkeypatch):
 
 def test_auto_logs_dtype_build_and_failed_verification(monkeypatch, caplog):
     monkeypatch.setattr(auto, "_announced", set())
-    monkeypatch.setattr(auto, "_verdicts", {("cpu", "cpu", "float32"): "output: wrong"})
+    monkeypatch.setattr(auto, "_verdicts", {("cpu", CPU, "cpu", "float32"): "output: wrong"})
     with caplog.at_level(logging.INFO, logger="npudet"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         multi_scale_deformable_attn(*random_inputs())

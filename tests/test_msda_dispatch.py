@@ -63,7 +63,9 @@ def gpu_named(monkeypatch):
     monkeypatch.setattr(
         auto,
         "current_device_name",
-        lambda device_type: "Test GPU" if device_type == "cuda" else real(device_type),
+        lambda device_type, index=None: (
+            "Test GPU" if device_type == "cuda" else real(device_type, index)
+        ),
     )
 
 
@@ -178,7 +180,8 @@ def test_recorded_failure_is_skipped_with_one_warning(fresh, gpu_named, gpu_kern
         Record("mmcv", "float32", False, "output: max error 3.1e-01 > 1e-04 vs grid_sample"),
         Record("triton", "float32", True, "", 3.36, "ddetr-enc"),
     )
-    with pytest.warns(RuntimeWarning, match=r"skipping 'mmcv' on cuda float32: recorded.*3\.1e-01"):
+    skipped = r"skipping 'mmcv' on cuda \(Test GPU\) float32: recorded.*3\.1e-01"
+    with pytest.warns(RuntimeWarning, match=skipped):
         assert select_impl("auto", cuda_call()).NAME == "triton"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -374,7 +377,7 @@ def test_compiled_auto_checks_outside_the_graph(fresh):
         backend=backend,
     )
     out = compiled(value, loc, attn)
-    assert auto._verdicts == {("cpu", "cpu", "float32"): ""}
+    assert auto._verdicts == {("cpu", records.current_device_name("cpu"), "cpu", "float32"): ""}
     torch.testing.assert_close(
         out, 2 * multi_scale_deformable_attn(value, spatial, starts, loc, attn)
     )

@@ -2,6 +2,9 @@
 
     python tools/compile_kernels.py --json results/kernel_compile.json
     python tools/compile_kernels.py --targets cuda:80 --dtypes float32 --cases ddetr-enc
+    python tools/compile_kernels.py --table-of results/kernel_compile.json   # the docs' table
+    python tools/compile_kernels.py --change-of results/kernel_compile_ascend_before.json \
+        results/kernel_compile.json       # % fewer Ascend scalar loads and sync ops
 
 CUDA (``cuda:80``, ``cuda:90``): triton compiles the launches the custom ops plan
 (``npudet/ops/msda/kernels/triton_launch.py``) to cubins; registers, stack (spills) and shared
@@ -32,7 +35,9 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from npudet.ops.msda.bench.cases import launch_shapes
+from npudet.ops.msda.bench.provenance import provenance
 from npudet.ops.msda.checks import ascend_lowering, kernel_compile
+from npudet.ops.msda.checks.compile_table import ascend_change, cuda_table
 from npudet.ops.msda.kernels.triton_launch import plan_launches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,7 +221,28 @@ def main(argv: Sequence[str] = ()) -> int:
         help="the HIVM compiler of the Ascend rows (bishengir-compile-a5: the next generation)",
     )
     parser.add_argument("--ascend-arch", default="Ascend910B3", help="its --target")
+    parser.add_argument(
+        "--table-of",
+        type=Path,
+        default=None,
+        help="print the docs' register table of a stored --json report, compile nothing",
+    )
+    parser.add_argument(
+        "--change-of",
+        type=Path,
+        nargs=2,
+        default=None,
+        metavar=("BEFORE", "AFTER"),
+        help="print the change of the Ascend figures between two stored reports",
+    )
     args = parser.parse_args(list(argv) or None)
+    if args.table_of is not None:
+        print(cuda_table(json.loads(args.table_of.read_text())))
+        return 0
+    if args.change_of is not None:
+        before, after = (json.loads(p.read_text()) for p in args.change_of)
+        print(ascend_change(before, after, {c: s.head_dim for c, s in shapes.items()}))
+        return 0
     for name, given, known in (
         ("--targets", args.targets, TARGETS),
         ("--dtypes", args.dtypes, kernel_compile.CUDA_DTYPES),
@@ -226,6 +252,7 @@ def main(argv: Sequence[str] = ()) -> int:
         if unknown:
             parser.error(f"{name}: unknown {unknown}; expected some of {list(known)}")
     chosen = {c: shapes[c] for c in args.cases}
+    origin = provenance()  # the commit compiled: taken before, as the checkout may move on
     start = time.perf_counter()
     cuda_targets = [t for t in args.targets if t != "ascend"]
     rows = kernel_compile.check_cuda(chosen, cuda_targets, args.dtypes) if cuda_targets else []
@@ -252,6 +279,7 @@ def main(argv: Sequence[str] = ()) -> int:
         report = dict(
             command="python tools/compile_kernels.py " + " ".join(argv or sys.argv[1:]),
             triton=triton.__version__,
+            **origin,
             targets=args.targets,
             ascend=ascend_status,
             seconds=round(seconds, 1),

@@ -123,5 +123,5 @@ def prepare(
     device = torch.device(device)
     chosen = {}
     for dtype in dtypes:
-        chosen[dtype] = select_impl(impl, typical_inputs(device.type, dtype)).NAME
+        chosen[dtype] = select_impl(impl, typical_inputs(device.type, dtype, device.index)).NAME
     return chosen

@@ -10,22 +10,25 @@ deterministic backward on the device (``MSDAImpl.DETERMINISTIC``) are taken.
 
 ``auto`` verifies before it trusts: per-process checks and recorded verifications.
 
-The first time ``auto`` would hand a call on (device type, dtype) to an implementation,
-it asks ``verdict``: "" (trusted) or why not. The answer comes from, in order:
+The first time ``auto`` would hand a call on (device, dtype) to an implementation, it asks
+``verdict``: "" (trusted) or why not. The device is the one the inputs are on (its index), named
+by its model and capability (``checks.device_identity``: ``"NVIDIA H100 80GB HBM3 (sm_90)"``),
+so a check made on one GPU model is not trusted for another in the same machine. The answer
+comes from, in order:
 
-1. this process's earlier verdict for (device type, implementation, dtype);
-2. a record written by ``tools/check_device.py --save`` for this device
+1. this process's earlier verdict for (device, implementation, dtype);
+2. a record written by ``tools/check_device.py --save`` for this device model
    (``checks.records``), if it is current: its key (``records.fingerprint``) must equal this
    process's. The key holds everything that changes the answer: a hash of the sources the
    implementation runs (its modules, the C++ kernel, the Triton kernels and launch
    planners), the CPU kernel's instruction-set variant, the torch / triton / triton-ascend /
-   mmcv / mx_driving / torch_npu versions and the device's driver (the device name is in the
-   file's device key). A stale record is ignored with one log line naming what changed, and
-   the implementation is checked again;
+   mmcv / mx_driving / torch_npu versions and the device's driver (the device's model and
+   capability are in the file's device key). A stale record is ignored with one log line
+   naming what changed, and the implementation is checked again;
 3. ``checks.parity.check_impl``: one small call (``parity.PROBE_CASE``: bs 2, levels 6x4 and
    3x2, 32 queries, 4 heads, head_dim 32, 4 points, some points off the map), forward and
    the gradients of value, locations and weights, against ``grid_sample`` computed in
-   float64 on the CPU from the same (dtype-rounded) inputs.
+   float64 on the CPU from the same (dtype-rounded) inputs, run on the inputs' device.
 
 A failing implementation is skipped with one ``RuntimeWarning`` naming it and the error.
 Not checked, and why:
@@ -82,12 +85,12 @@ DEFAULT_PRIORITY: List[str] = ["gather", "grid_sample"]
 _announced: set = set()
 
 
-# Per process: (device type, impl, dtype name) -> "" or the error; records by file path;
-# measured orders by (device type, dtype name, static order); stale records already logged;
-# the ``records.generation()`` they were worked out at.
-_verdicts: Dict[Tuple[str, str, str], str] = {}
+# Per process: (device type, device identity, impl, dtype name) -> "" or the error; records by
+# file path; measured orders by (device type, identity, dtype name, static order); stale records
+# already logged; the ``records.generation()`` they were worked out at.
+_verdicts: Dict[Tuple[str, str, str, str], str] = {}
 _loaded: Dict[str, dict] = {}
-_orders: Dict[Tuple[str, str, Tuple[str, ...]], List[str]] = {}
+_orders: Dict[Tuple[str, str, str, Tuple[str, ...]], List[str]] = {}
 _stale_logged: set = set()
 _generation = records.generation()
 
@@ -113,13 +116,26 @@ def _current() -> None:
         reset()
 
 
-def _record(device_type: str, impl: str, dtype: str) -> Optional[Record]:
-    """``recorded`` for this process's device if current, the file read once per process.
+def _parse(device: str) -> Tuple[str, Optional[int]]:
+    """``"cuda:1"`` -> ("cuda", 1), ``"npu"`` -> ("npu", None); parsed by hand, as
+    ``torch.device`` refuses ``npu`` until torch_npu is imported."""
+    device_type, _, index = str(device).partition(":")
+    return device_type, int(index) if index else None
+
+
+def _where(device: str) -> Tuple[str, Optional[str]]:
+    """(device type, identity) of ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``): identity
+    None when this process has no such device."""
+    device_type, index = _parse(device)
+    return device_type, current_device_name(device_type, index)
+
+
+def _record(device_type: str, name: Optional[str], impl: str, dtype: str) -> Optional[Record]:
+    """``recorded`` for device ``name`` if current, the file read once per process.
 
     An unreadable file is ignored with one warning: the checks then decide, as without one.
     A stale record (``stale_reasons``) is ignored with one log line.
     """
-    name = current_device_name(device_type)
     if name is None:
         return None
     path = records.records_path()
@@ -135,8 +151,8 @@ def _record(device_type: str, impl: str, dtype: str) -> Optional[Record]:
     stale = records.stale_reasons(record, device_type)
     if not stale:
         return record
-    if (device_type, impl, dtype) not in _stale_logged:
-        _stale_logged.add((device_type, impl, dtype))
+    if (device_type, name, impl, dtype) not in _stale_logged:
+        _stale_logged.add((device_type, name, impl, dtype))
         logger.warning(
             "npudet MSDA auto: the recorded verification of %r %s on %s (%s) is stale (%s); "
             "checking it again (tools/check_device.py --save records it anew)",
@@ -149,66 +165,73 @@ def _record(device_type: str, impl: str, dtype: str) -> Optional[Record]:
     return None
 
 
-def exempt(impl: str, device_type: str) -> bool:
-    """Whether ``impl`` on ``device_type`` is trusted without a check (module docstring)."""
-    return impl == parity.REFERENCE or current_device_name(device_type) is None
+def exempt(impl: str, device: str) -> bool:
+    """Whether ``impl`` on ``device`` (a type, or ``"cuda:1"``) is trusted without a check
+    (module docstring)."""
+    return impl == parity.REFERENCE or _where(device)[1] is None
 
 
-def verdict(impl: str, device_type: str, dtype: DType) -> str:
-    """Empty if ``auto`` may hand (device type, dtype) calls to ``impl``, else why not.
+def verdict(impl: str, device: str, dtype: DType) -> str:
+    """Empty if ``auto`` may hand ``device``'s ``dtype`` calls to ``impl``, else why not.
 
-    Runs ``parity.check_impl`` at most once per process per (device type, impl, dtype); a failure
-    warns once.
+    ``device``: a device type (its current device) or ``"cuda:1"``. Runs ``parity.check_impl``
+    at most once per process per (device model and capability, impl, dtype), on that device; a
+    failure warns once.
     """
     _current()
-    key = (device_type, impl, dtype_name(dtype))
+    device_type, name = _where(device)
+    key = (device_type, name or "", impl, dtype_name(dtype))
     if key not in _verdicts:
-        _verdicts[key] = _decide(*key)
+        _verdicts[key] = _decide(device, name, impl, key[3])
         if _verdicts[key]:
+            where = f"{device_type} ({name})" if name and device_type != "cpu" else device_type
             warnings.warn(
-                f"npudet MSDA auto: skipping {impl!r} on {device_type} {key[2]}: {_verdicts[key]}",
+                f"npudet MSDA auto: skipping {impl!r} on {where} {key[3]}: {_verdicts[key]}",
                 RuntimeWarning,
                 stacklevel=4,
             )
     return _verdicts[key]
 
 
-def _decide(device_type: str, impl: str, dtype: str) -> str:
-    if exempt(impl, device_type):
+def _decide(device: str, name: Optional[str], impl: str, dtype: str) -> str:
+    if impl == parity.REFERENCE or name is None:  # exempt
         return ""
-    record = _record(device_type, impl, dtype)
+    record = _record(_parse(device)[0], name, impl, dtype)
     if record is not None:
         return "" if record.correct else f"recorded by tools/check_device.py: {record.error}"
     # Real tensors even when the caller runs under a dispatch mode (fake tensors, counters).
     with _disable_current_modes():
-        return parity.check_impl(impl, device_type, getattr(torch, dtype))
+        return parity.check_impl(impl, device, getattr(torch, dtype))
 
 
 @assume_constant_result
-def known_verdict(impl: str, device_type: str, dtype: str) -> str:
+def known_verdict(impl: str, device: str, dtype: str) -> str:
     """``verdict`` as a constant to ``torch.compile``: evaluated eagerly, never traced."""
-    return verdict(impl, device_type, dtype)
+    return verdict(impl, device, dtype)
 
 
-def measured_order(order: List[str], device_type: str, dtype: DType) -> List[str]:
+def measured_order(order: List[str], device: str, dtype: DType) -> List[str]:
     """``order`` with the recorded-correct, timed implementations sorted by recorded time.
 
     Each keeps to the slots those implementations hold in ``order``; the others stay put.
-    Worked out once per process per (device type, dtype, order).
+    Worked out once per process per (device model and capability, dtype, order).
     """
     _current()
-    key = (device_type, dtype_name(dtype), tuple(order))
+    device_type, name = _where(device)
+    key = (device_type, name or "", dtype_name(dtype), tuple(order))
     if key not in _orders:
-        _orders[key] = _measured_order(order, device_type, dtype_name(dtype))
+        _orders[key] = _measured_order(order, device_type, name, dtype_name(dtype))
     return list(_orders[key])
 
 
-def _measured_order(order: List[str], device_type: str, dtype: str) -> List[str]:
-    if current_device_name(device_type) is None:
+def _measured_order(
+    order: List[str], device_type: str, device: Optional[str], dtype: str
+) -> List[str]:
+    if device is None:
         return list(order)
     times = {}
     for name in order:
-        ms = _recorded_ms(device_type, name, dtype)
+        ms = _recorded_ms(device_type, device, name, dtype)
         if ms is not None:
             times[name] = ms
     slots = [i for i, name in enumerate(order) if name in times]
@@ -219,28 +242,29 @@ def _measured_order(order: List[str], device_type: str, dtype: str) -> List[str]
     return result
 
 
-def _recorded_ms(device_type: str, impl: str, dtype: str) -> Optional[float]:
-    """Recorded fwd+bwd ms of a correct ``impl``: the dtype's own, else float32's."""
-    own = _record(device_type, impl, dtype)
+def _recorded_ms(device_type: str, device: str, impl: str, dtype: str) -> Optional[float]:
+    """Recorded fwd+bwd ms of a correct ``impl`` on ``device`` (its identity): the dtype's
+    own, else float32's."""
+    own = _record(device_type, device, impl, dtype)
     if own is not None and not own.correct:
         return None
     if own is not None and own.fwd_bwd_ms is not None:
         return own.fwd_bwd_ms
-    fallback = _record(device_type, impl, "float32")
+    fallback = _record(device_type, device, impl, "float32")
     if fallback is not None and fallback.correct:
         return fallback.fwd_bwd_ms
     return None
 
 
-def auto_order(device_type: str, dtype: Optional[torch.dtype] = None) -> List[str]:
-    """The ``auto`` candidates for a device type, fastest first.
+def auto_order(device: str, dtype: Optional[torch.dtype] = None) -> List[str]:
+    """The ``auto`` candidates for a device (a type, or ``"cuda:1"``), fastest first.
 
-    Without ``dtype``, the static priority; with it, reordered by the verifications
-    recorded for this device (``measured_order``).
+    Without ``dtype``, the static priority of its type; with it, reordered by the
+    verifications recorded for this device model (``measured_order``).
     """
     if dtype is None:
-        return _static_order(device_type)
-    return list(_constant_order(device_type, dtype_name(dtype)))
+        return _static_order(_parse(device)[0])
+    return list(_constant_order(device, dtype_name(dtype)))
 
 
 def _static_order(device_type: str) -> List[str]:
@@ -249,16 +273,16 @@ def _static_order(device_type: str) -> List[str]:
 
 
 @assume_constant_result
-def _constant_order(device_type: str, dtype: str) -> tuple:
-    """``auto_order(device_type, dtype)``; a constant to ``torch.compile``."""
-    return tuple(measured_order(_static_order(device_type), device_type, dtype))
+def _constant_order(device: str, dtype: str) -> tuple:
+    """``auto_order(device, dtype)``; a constant to ``torch.compile``."""
+    return tuple(measured_order(_static_order(_parse(device)[0]), device, dtype))
 
 
-def _verdict(name: str, device_type: str, dtype: torch.dtype) -> str:
+def _verdict(name: str, device: str, dtype: torch.dtype) -> str:
     """Empty if ``auto`` may trust ``name`` here, else why not; a constant when compiling."""
     if is_compiling():
-        return known_verdict(name, device_type, dtype_name(dtype))
-    return verdict(name, device_type, dtype)
+        return known_verdict(name, device, dtype_name(dtype))
+    return verdict(name, device, dtype)
 
 
 def _announce(name: str, inputs: MSDAInputs, rejected: List[Tuple[str, List[str]]]) -> None:
@@ -327,14 +351,14 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
             warnings.warn(message, stacklevel=3)
         return chosen
     rejected = []
-    for name in auto_order(inputs.device_type, inputs.dtype):
+    for name in auto_order(inputs.device, inputs.dtype):
         candidate = get_impl(name)
         reasons = candidate.not_supported_reasons(inputs)
         nondeterministic = nondeterministic_reason(candidate, inputs)
         if nondeterministic:
             reasons = [*reasons, nondeterministic]
         if not reasons:
-            error = _verdict(name, inputs.device_type, inputs.dtype)
+            error = _verdict(name, inputs.device, inputs.dtype)
             reasons = [f"failed verification: {error}"] if error else []
         if not reasons:
             key = (inputs.device_type, inputs.dtype, name, tuple(r for r, _ in rejected))

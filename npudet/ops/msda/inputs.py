@@ -37,13 +37,24 @@ class MSDAInputs:
     num_queries: int
     num_points: int
     requires_grad: bool
+    # The inputs' device index (``cuda:1`` -> 1); None: the type's current device.
+    device_index: Optional[int] = None
 
     @property
     def value_numel(self) -> int:
         return self.batch * self.num_keys * self.num_heads * self.head_dim
 
+    @property
+    def device(self) -> str:
+        """``"cuda:1"``, or the device type when there is no index (``"cpu"``)."""
+        if self.device_index is None:
+            return self.device_type
+        return f"{self.device_type}:{self.device_index}"
 
-def typical_inputs(device_type: str, dtype: torch.dtype = torch.float32) -> MSDAInputs:
+
+def typical_inputs(
+    device_type: str, dtype: torch.dtype = torch.float32, device_index: Optional[int] = None
+) -> MSDAInputs:
     """A usual training call (head_dim 32, 4 levels, 4 points, 8 heads): what ``prepare``
     and the run preflight ask implementations about before any real call."""
     return MSDAInputs(
@@ -57,6 +68,7 @@ def typical_inputs(device_type: str, dtype: torch.dtype = torch.float32) -> MSDA
         num_queries=100,
         num_points=4,
         requires_grad=True,
+        device_index=device_index,
     )
 
 
@@ -195,6 +207,7 @@ def validate_inputs(
         num_queries=num_queries,
         num_points=num_points,
         requires_grad=any(t.requires_grad for t in (value, sampling_locations, attention_weights)),
+        device_index=value.device.index,
     )
 
 

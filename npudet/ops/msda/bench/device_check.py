@@ -255,7 +255,10 @@ def save(device: str, verdict: dict) -> str:
         )
         for r in verdict["table"]
     ]
-    return records.save_records(device, device_name(device), rows)
+    device_type, _, index = device.partition(":")
+    # The device's model and capability (checks.device_identity), as ``auto`` looks it up.
+    where = records.current_device_name(device_type, int(index) if index else None)
+    return records.save_records(device_type, where or device_name(device_type), rows)
 
 
 def run(tool: Path, args: argparse.Namespace) -> int:

@@ -6,15 +6,17 @@ record's key: a hash of the sources the implementation runs (the modules of its 
 and their ``MSDAImpl.SOURCES``: the C++ kernel, the Triton kernels and launch planners),
 its ``MSDAImpl.build_key()`` (the CPU kernel's instruction-set variant and compiler), the
 torch / triton / triton-ascend / mmcv / mx_driving / torch_npu versions, the device's
-driver and, on Ascend, the CANN toolkit (the device name is in the file's device key). The
+driver and, on Ascend, the CANN toolkit. The device's model and capability are in the file's
+device key (``device_identity``: ``"cuda|NVIDIA L4 (sm_89)"``), so each GPU model in a machine
+has records of its own. The
 key is worked out at most once per process per (implementation, device type): sources are
 hashed once per process.
 
 Record store (``NPUDET_VERIFY_FILE``, default ``~/.cache/npudet/verified.json``)::
 
     {"version": 2,
-     "devices": {"cuda|NVIDIA L4": {
-         "device_type": "cuda", "device_name": "NVIDIA L4",
+     "devices": {"cuda|NVIDIA L4 (sm_89)": {
+         "device_type": "cuda", "device_name": "NVIDIA L4 (sm_89)",
          "records": {"triton": {"float32": {
              "correct": true, "error": "", "fwd_bwd_ms": 3.1, "case": "ddetr-enc",
              "key": {"sources": "3f2a...", "build": null, "torch": "2.6.0", "triton": "3.2.0",
@@ -47,12 +49,12 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from npudet.utils.device import device_name
 from npudet.utils.json_io import write_json_atomic
 
 from .. import call_plan
 from ..kernels.native_build import native_path
 from ..registry import MSDAImpl, get_impl
+from .device_identity import describe, identity
 
 VERIFY_FILE_ENV = "NPUDET_VERIFY_FILE"
 FORMAT_VERSION = 2
@@ -97,7 +99,8 @@ def records_path() -> str:
 
 
 def device_key(device_type: str, device_name: str) -> str:
-    """The file's key of one device: ``"cuda|NVIDIA L4"`` (versions are in each record's key)."""
+    """The file's key of one device: ``"cuda|NVIDIA L4 (sm_89)"`` (``device_name`` as
+    ``current_device_name`` gives it; versions are in each record's key)."""
     return f"{device_type}|{device_name}"
 
 
@@ -306,12 +309,8 @@ def lookup(data: dict, device_type: str, name: str, impl: str, dtype: str) -> Op
     return None if fields is None else Record(impl=impl, dtype=dtype, **fields)
 
 
-def current_device_name(device_type: str) -> Optional[str]:
-    """Name of device 0 of ``device_type``, or None when this process has none."""
-    if device_type == "cpu":
-        return device_name("cpu")
-    module = getattr(torch, device_type, None)  # torch.cuda, torch.xpu; torch.npu via torch_npu
-    is_available = getattr(module, "is_available", None)
-    if device_type == "meta" or is_available is None or not is_available():
-        return None
-    return device_name(device_type)
+def current_device_name(device_type: str, index: Optional[int] = None) -> Optional[str]:
+    """The records' name of device ``index`` of ``device_type`` (None: the current one): its
+    model and capability (``device_identity.identity``), or None when this process has none."""
+    device = describe(device_type, index)
+    return None if device is None else identity(device)
