@@ -2,7 +2,8 @@
 
 Six nuScenes-like cameras look out from an ego vehicle that drives forward with slight turns.
 Objects (car, truck, pedestrian) stand on the ground, some move; each camera image shows the
-boxes' visible faces (shaded, class-coloured, painter's order) over sky and a textured ground
+boxes' visible faces (shaded, class-coloured with a lighter front, :mod:`.box_paint`, painter's
+order) over sky and a textured ground
 plane fixed in the global frame, so it moves with ego motion. Writes the ``npudet-bev-v2``
 info files described in :mod:`npudet.bev.infos.schema`: boxes (x, y, z, w, l, h, yaw, vx, vy)
 in each frame's ego frame, velocity being the object's absolute velocity rotated into the ego
@@ -24,6 +25,7 @@ import numpy as np
 from npudet.utils.json_io import recorded_settings_match, write_json_atomic
 
 from .attributes import attribute_from_velocity
+from .box_paint import FRONT_FRACTION, box_faces, front_colour
 from .schema import VERSION
 
 CLASSES: Tuple[str, ...] = ("car", "truck", "pedestrian")
@@ -67,6 +69,9 @@ SPLITS: Tuple[str, ...] = ("train", "val")
 # the ground, and at 20 m a pixel row of a 320x192 camera is ~1 m of range (160x96: ~2 m)
 NUM_SCENES_TRAIN, NUM_SCENES_VAL, FRAMES_PER_SCENE = 128, 4, 8
 WIDTH, HEIGHT = 320, 192
+# the look of the rendered images, recorded in meta.json so a set rendered by an older renderer
+# is regenerated: 1 one colour per box, 2 the front painted lighter (heading visible)
+RENDER_VERSION = 2
 _LIGHT = np.array([0.4, 0.6, 1.0]) / np.linalg.norm([0.4, 0.6, 1.0])
 
 
@@ -103,10 +108,6 @@ def box_corners(box: Sequence[float]) -> np.ndarray:
     bottom = np.concatenate([base, np.full((4, 1), z - h / 2.0)], axis=1)
     top = np.concatenate([base, np.full((4, 1), z + h / 2.0)], axis=1)
     return np.concatenate([bottom, top], axis=0)
-
-
-# faces as corner indices (each a planar quad, corners in cyclic order)
-_FACES = ((0, 3, 2, 1), (4, 5, 6, 7), (0, 1, 5, 4), (1, 2, 6, 5), (2, 3, 7, 6), (3, 0, 4, 7))
 
 
 def _clip_near(poly: np.ndarray, near: float = 0.1) -> np.ndarray:
@@ -185,27 +186,23 @@ def render_camera(
         [-np.linalg.norm(np.asarray(b[:3]) - cam_pos) for b in boxes_ego], kind="stable"
     )
     for i in order:
-        corners = box_corners(boxes_ego[i])
-        centre = corners.mean(axis=0)
-        cam_pts = corners @ ego2cam[:3, :3].T + ego2cam[:3, 3]
-        if (cam_pts[:, 2] <= 0.1).all():
-            continue
-        colour = np.array(CLASS_COLOURS[CLASSES[classes[i]]], np.float64) * shades[i]
-        for face in _FACES:
-            fc = corners[list(face)]
-            normal = np.cross(fc[1] - fc[0], fc[2] - fc[1])
-            normal /= np.linalg.norm(normal)
-            if np.dot(normal, fc.mean(axis=0) - centre) < 0:
-                normal = -normal  # make it point outwards
-            if np.dot(normal, fc.mean(axis=0) - cam_pos) >= 0:
+        name = CLASSES[classes[i]]
+        corners = box_corners(boxes_ego[i]) @ ego2cam[:3, :3].T + ego2cam[:3, 3]
+        if (corners[:, 2] <= 0.1).all():
+            continue  # wholly behind the camera
+        body = np.array(CLASS_COLOURS[name], np.float64) * shades[i]
+        front = front_colour(CLASS_COLOURS[name]) * shades[i]
+        for face in box_faces(boxes_ego[i], FRONT_FRACTION[name]):
+            if np.dot(face.normal, face.corners.mean(axis=0) - cam_pos) >= 0:
                 continue  # back face
-            poly = _clip_near(cam_pts[list(face)])
+            poly = _clip_near(face.corners @ ego2cam[:3, :3].T + ego2cam[:3, 3])
             if len(poly) < 3:
                 continue
             uv = poly @ k.T
             uv = np.clip(uv[:, :2] / uv[:, 2:3], -1e5, 1e5)
-            light = 0.5 + 0.5 * max(0.0, float(np.dot(normal, _LIGHT)))
-            fill = tuple(int(c) for c in np.clip(colour * light, 0, 255))
+            light = 0.5 + 0.5 * max(0.0, float(np.dot(face.normal, _LIGHT)))
+            colour = (front if face.front else body) * light
+            fill = tuple(int(c) for c in np.clip(colour, 0, 255))
             cv2.fillPoly(img, [np.round(uv * 16).astype(np.int32)], fill, cv2.LINE_AA, shift=4)
     if rng is not None:
         noisy = img.astype(np.float32) + rng.normal(0.0, 3.0, img.shape).astype(np.float32)
@@ -393,6 +390,7 @@ def make_bev_dataset(
     """
     settings = dict(
         version=VERSION,
+        render_version=RENDER_VERSION,
         num_scenes_train=num_scenes_train,
         num_scenes_val=num_scenes_val,
         frames_per_scene=frames_per_scene,
