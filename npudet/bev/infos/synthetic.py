@@ -15,6 +15,7 @@ vehicle.moving / vehicle.parked for cars and trucks, pedestrian.moving / pedestr
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import shutil
 from typing import Any, Dict, List, Sequence, Tuple
@@ -287,6 +288,79 @@ def _r(values: Any) -> Any:
     return np.round(np.asarray(values, np.float64), 6).tolist()
 
 
+def _write_scene(
+    root: str, split: str, s: int, frames_per_scene: int, seed: int, width: int, height: int
+) -> List[Dict[str, Any]]:
+    """Render scene ``s`` of one split (its own RNG); returns its data_list entries."""
+    rigs = camera_rigs(width, height)
+    split_id = SPLITS.index(split)
+    data_list: List[Dict[str, Any]] = []
+    rng = np.random.default_rng([seed, split_id, s])
+    scene = f"{split}_{s:04d}"
+    ego = _ego_trajectory(rng, frames_per_scene)
+    objects = _place_objects(rng, ego, attempts=int(rng.integers(8, 20)))
+    texture_seed = int(rng.integers(1000))
+    for f in range(frames_per_scene):
+        ego2global = _pose_matrix(*ego[f])
+        global2ego = np.linalg.inv(ego2global)
+        ego_yaw = ego[f, 2]
+        boxes, labels, attrs, shades = [], [], [], []
+        for o in objects:
+            gx, gy = o["track"][f]
+            p = global2ego @ np.array([gx, gy, 0.0, 1.0])
+            if math.hypot(p[0], p[1]) > MAX_RANGE:
+                continue
+            v = _rot_z(-ego_yaw)[:2, :2] @ o["vel"]
+            w, ln, h = o["size"]
+            boxes.append([p[0], p[1], h / 2.0, w, ln, h, _wrap(o["yaw"] - ego_yaw), v[0], v[1]])
+            labels.append(o["cls"])
+            attrs.append(attribute_from_velocity(CLASSES[o["cls"]], *o["vel"]))
+            shades.append(o["shade"])
+        boxes_arr = np.array(boxes, np.float64).reshape(-1, 9)
+        cams = {}
+        for name in CAMERA_NAMES:
+            rel = f"images/{scene}/{name}/{f:03d}.jpg"
+            path = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            img = render_camera(
+                rigs[name],
+                ego2global,
+                boxes_arr,
+                labels,
+                shades,
+                width,
+                height,
+                rng,
+                texture_seed,
+            )
+            cv2.imwrite(path, img, [cv2.IMWRITE_JPEG_QUALITY, 92])
+            cams[name] = dict(
+                img_path=rel,
+                cam2ego=_r(rigs[name]["cam2ego"]),
+                intrinsic=_r(rigs[name]["intrinsic"]),
+                width=width,
+                height=height,
+            )
+        idx = len(data_list)
+        data_list.append(
+            dict(
+                sample_idx=idx,
+                token=f"{scene}_{f:03d}",
+                scene=scene,
+                frame=f,
+                timestamp=round(s * 1000.0 + f * FRAME_DT, 6),
+                prev=idx - 1 if f > 0 else -1,
+                ego2global=_r(ego2global),
+                ego_pose_translation=_r(ego2global[:3, 3]),
+                cams=cams,
+                gt_boxes=_r(boxes_arr),
+                gt_labels=[int(c) for c in labels],
+                gt_attrs=attrs,
+            )
+        )
+    return data_list
+
+
 def write_split(
     root: str,
     split: str,
@@ -295,75 +369,20 @@ def write_split(
     seed: int,
     width: int,
     height: int,
+    workers: int = 1,
 ) -> str:
-    """Render ``num_scenes`` scenes of one split; returns the path of ``infos_<split>.json``."""
-    rigs = camera_rigs(width, height)
-    split_id = SPLITS.index(split)
-    data_list: List[Dict[str, Any]] = []
-    for s in range(num_scenes):
-        rng = np.random.default_rng([seed, split_id, s])
-        scene = f"{split}_{s:04d}"
-        ego = _ego_trajectory(rng, frames_per_scene)
-        objects = _place_objects(rng, ego, attempts=int(rng.integers(8, 20)))
-        texture_seed = int(rng.integers(1000))
-        for f in range(frames_per_scene):
-            ego2global = _pose_matrix(*ego[f])
-            global2ego = np.linalg.inv(ego2global)
-            ego_yaw = ego[f, 2]
-            boxes, labels, attrs, shades = [], [], [], []
-            for o in objects:
-                gx, gy = o["track"][f]
-                p = global2ego @ np.array([gx, gy, 0.0, 1.0])
-                if math.hypot(p[0], p[1]) > MAX_RANGE:
-                    continue
-                v = _rot_z(-ego_yaw)[:2, :2] @ o["vel"]
-                w, ln, h = o["size"]
-                boxes.append([p[0], p[1], h / 2.0, w, ln, h, _wrap(o["yaw"] - ego_yaw), v[0], v[1]])
-                labels.append(o["cls"])
-                attrs.append(attribute_from_velocity(CLASSES[o["cls"]], *o["vel"]))
-                shades.append(o["shade"])
-            boxes_arr = np.array(boxes, np.float64).reshape(-1, 9)
-            cams = {}
-            for name in CAMERA_NAMES:
-                rel = f"images/{scene}/{name}/{f:03d}.jpg"
-                path = os.path.join(root, rel)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                img = render_camera(
-                    rigs[name],
-                    ego2global,
-                    boxes_arr,
-                    labels,
-                    shades,
-                    width,
-                    height,
-                    rng,
-                    texture_seed,
-                )
-                cv2.imwrite(path, img, [cv2.IMWRITE_JPEG_QUALITY, 92])
-                cams[name] = dict(
-                    img_path=rel,
-                    cam2ego=_r(rigs[name]["cam2ego"]),
-                    intrinsic=_r(rigs[name]["intrinsic"]),
-                    width=width,
-                    height=height,
-                )
-            idx = len(data_list)
-            data_list.append(
-                dict(
-                    sample_idx=idx,
-                    token=f"{scene}_{f:03d}",
-                    scene=scene,
-                    frame=f,
-                    timestamp=round(s * 1000.0 + f * FRAME_DT, 6),
-                    prev=idx - 1 if f > 0 else -1,
-                    ego2global=_r(ego2global),
-                    ego_pose_translation=_r(ego2global[:3, 3]),
-                    cams=cams,
-                    gt_boxes=_r(boxes_arr),
-                    gt_labels=[int(c) for c in labels],
-                    gt_attrs=attrs,
-                )
-            )
+    """Render ``num_scenes`` scenes of one split; returns the path of ``infos_<split>.json``.
+
+    ``workers`` > 1 renders scenes in that many processes; every scene has its own RNG, so
+    the files are the same as with one.
+    """
+    args = [(root, split, s, frames_per_scene, seed, width, height) for s in range(num_scenes)]
+    if workers > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            scenes = pool.starmap(_write_scene, args, chunksize=1)
+    else:
+        scenes = [_write_scene(*a) for a in args]
+    data_list = [entry for scene in scenes for entry in scene]
     metainfo = dict(
         version=VERSION, classes=list(CLASSES), cameras=list(CAMERA_NAMES), source="synthetic"
     )
@@ -380,6 +399,7 @@ def make_bev_dataset(
     width: int = WIDTH,
     height: int = HEIGHT,
     force: bool = False,
+    workers: int = 1,
 ) -> Dict[str, Any]:
     """Generate the synthetic BEV set under ``root`` unless present with the same settings.
 
@@ -416,7 +436,7 @@ def make_bev_dataset(
         os.remove(meta_file)
         shutil.rmtree(os.path.join(root, "images"), ignore_errors=True)
     for split, count in zip(SPLITS, (num_scenes_train, num_scenes_val)):
-        write_split(root, split, count, frames_per_scene, seed, width, height)
+        write_split(root, split, count, frames_per_scene, seed, width, height, workers)
     write_json_atomic(meta_file, settings)
     paths["written"] = True
     return paths
