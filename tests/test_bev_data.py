@@ -161,7 +161,7 @@ def test_projection_matches_rendering(bev_root: str) -> None:
 
 
 def _render_one(name: str, x: float, y: float, yaw: float) -> np.ndarray:
-    """CAM_FRONT at the set's resolution, one noise-free ``name`` box of its mean size, (H, W, 3)."""
+    """CAM_FRONT (H, W, 3) at the set's resolution: one noise-free ``name`` box of mean size."""
     w, ln, h = CLASS_SIZES[name]
     box = np.array([[x, y, h / 2, w, ln, h, yaw, 0.0, 0.0]])
     rig = camera_rigs(WIDTH, HEIGHT)["CAM_FRONT"]
