@@ -52,12 +52,17 @@ def _project(l2i: np.ndarray, pts: np.ndarray) -> np.ndarray:
 
 def test_deterministic_and_cached(bev_root: str, tmp_path) -> None:
     other = str(tmp_path / "again")
-    paths = make_bev_dataset(other, 2, 1, FRAMES, seed=5, width=W, height=H)
+    # scenes rendered in two processes: the same files as in one (the fixture)
+    paths = make_bev_dataset(other, 2, 1, FRAMES, seed=5, width=W, height=H, workers=2)
     assert paths["written"]
     for split in ("train", "val"):
         with open(os.path.join(bev_root, f"infos_{split}.json"), "rb") as a:
             with open(paths[split], "rb") as b:
                 assert a.read() == b.read()
+    for rel in ("images/train_0001/CAM_BACK/003.jpg", "images/val_0000/CAM_FRONT/000.jpg"):
+        with open(os.path.join(bev_root, rel), "rb") as a:
+            with open(os.path.join(other, rel), "rb") as b:
+                assert a.read() == b.read(), rel
     # unchanged settings: nothing rewritten; a new seed: rewritten and different
     assert not make_bev_dataset(other, 2, 1, FRAMES, seed=5, width=W, height=H)["written"]
     assert make_bev_dataset(other, 2, 1, FRAMES, seed=6, width=W, height=H)["written"]

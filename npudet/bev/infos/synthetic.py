@@ -341,7 +341,7 @@ def _write_scene(
                 width=width,
                 height=height,
             )
-        idx = len(data_list)
+        idx = s * frames_per_scene + f  # scenes are joined in order, each whole
         data_list.append(
             dict(
                 sample_idx=idx,
