@@ -43,7 +43,8 @@ def _stamps(log_file: str, marker: str = "") -> List[datetime]:
 def read_run(work_dir: str) -> Dict[str, Any]:
     """Metrics and timing of the latest run in ``work_dir``.
 
-    Returns ``metrics`` (the last validation's ``bev/*`` values, prefix dropped), ``iters``
+    Returns ``metrics`` (the last validation's ``bev/*`` values, prefix dropped), ``history``
+    (every validation's step, i.e. epoch, and summary metrics), ``iters``
     (the last logged training iteration), ``sec_per_iter`` (median of the logged per-iteration
     times, each a mean over the logger's window), ``train_min`` (first log line to the last
     training log line: setup plus training, no validation) and ``total_min`` (to the last line).
@@ -55,11 +56,16 @@ def read_run(work_dir: str) -> Dict[str, Any]:
     if not vals:
         raise ValueError(f"{scalars}: no validation (bev/mAP) logged yet")
     metrics = {k[len("bev/") :]: float(v) for k, v in vals[-1].items() if k.startswith("bev/")}
+    # every validation's summary (one per epoch with train_cfg.val_interval=1)
+    history = [
+        {"step": int(r["step"]), **{k: float(r[f"bev/{k}"]) for k in _SUMMARY}} for r in vals
+    ]
     train = [r for r in rows if "loss" in r and "time" in r]
     log_file = _only(os.path.join(work_dir, "*", "*.log"))
     every, trained = _stamps(log_file), _stamps(log_file, "Epoch(train)")
     return dict(
         metrics=metrics,
+        history=history,
         iters=int(train[-1]["iter"]) if train else 0,
         sec_per_iter=statistics.median(r["time"] for r in train) if train else float("nan"),
         train_min=(trained[-1] - every[0]).total_seconds() / 60.0 if trained else float("nan"),
@@ -89,6 +95,14 @@ def markdown(record: Dict[str, Any]) -> str:
     for name in classes:
         cells = [f"{m[f'AP/{name}']:.4f}"] + [f"{m[f'{k}/{name}']:.4f}" for k in TP_METRICS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if len(record["history"]) > 1:
+        lines += [
+            "",
+            "| epoch | " + " | ".join(_SUMMARY) + " |",
+            "|" + "---|" * (len(_SUMMARY) + 1),
+        ]
+        for h in record["history"]:
+            lines.append(f"| {h['step']} | " + " | ".join(f"{h[k]:.4f}" for k in _SUMMARY) + " |")
     lines += [
         "",
         "; ".join(where),
