@@ -12,15 +12,21 @@ import cv2
 import numpy as np
 import pytest
 
+from npudet.bev.infos.box_paint import front_colour
 from npudet.bev.infos.schema import VERSION, lidar2img, load_bev_info
 from npudet.bev.infos.synthetic import (
     CAMERA_NAMES,
     CLASS_COLOURS,
+    CLASS_SIZES,
     CLASSES,
     FRAME_DT,
+    HEIGHT,
+    RENDER_VERSION,
+    WIDTH,
     _render_background,
     camera_rigs,
     make_bev_dataset,
+    render_camera,
 )
 
 W, H = 160, 96
@@ -46,18 +52,30 @@ def _project(l2i: np.ndarray, pts: np.ndarray) -> np.ndarray:
 
 def test_deterministic_and_cached(bev_root: str, tmp_path) -> None:
     other = str(tmp_path / "again")
-    paths = make_bev_dataset(other, 2, 1, FRAMES, seed=5, width=W, height=H)
+    # scenes rendered in two processes: the same files as in one (the fixture)
+    paths = make_bev_dataset(other, 2, 1, FRAMES, seed=5, width=W, height=H, workers=2)
     assert paths["written"]
     for split in ("train", "val"):
         with open(os.path.join(bev_root, f"infos_{split}.json"), "rb") as a:
             with open(paths[split], "rb") as b:
                 assert a.read() == b.read()
+    for rel in ("images/train_0001/CAM_BACK/003.jpg", "images/val_0000/CAM_FRONT/000.jpg"):
+        with open(os.path.join(bev_root, rel), "rb") as a:
+            with open(os.path.join(other, rel), "rb") as b:
+                assert a.read() == b.read(), rel
     # unchanged settings: nothing rewritten; a new seed: rewritten and different
     assert not make_bev_dataset(other, 2, 1, FRAMES, seed=5, width=W, height=H)["written"]
     assert make_bev_dataset(other, 2, 1, FRAMES, seed=6, width=W, height=H)["written"]
     with open(os.path.join(bev_root, "infos_train.json"), "rb") as a:
         with open(paths["train"], "rb") as b:
             assert a.read() != b.read()
+    # a set drawn by an earlier renderer (its meta.json names it) is drawn again
+    with open(paths["meta"]) as f:
+        meta = json.load(f)
+    assert meta["render_version"] == RENDER_VERSION
+    with open(paths["meta"], "w") as f:
+        json.dump({**meta, "render_version": RENDER_VERSION - 1}, f)
+    assert make_bev_dataset(other, 2, 1, FRAMES, seed=6, width=W, height=H)["written"]
 
 
 def test_info_contents(bev_root: str) -> None:
@@ -111,12 +129,15 @@ def test_camera_orientation() -> None:
 
 
 def _class_of(pixel: np.ndarray) -> int:
-    """Class whose colour direction best explains a BGR pixel (shading scales colours)."""
+    """Class whose body or front colour direction best explains a BGR pixel (shading scales
+    colours)."""
     errs = []
     for name in CLASSES:
-        c = np.asarray(CLASS_COLOURS[name], np.float64)
-        alpha = float(pixel @ c / (c @ c))
-        errs.append(np.linalg.norm(pixel - alpha * c) / (np.linalg.norm(pixel) + 1e-6))
+        err = np.inf
+        for c in (np.asarray(CLASS_COLOURS[name], np.float64), front_colour(CLASS_COLOURS[name])):
+            alpha = float(pixel @ c / (c @ c))
+            err = min(err, np.linalg.norm(pixel - alpha * c) / (np.linalg.norm(pixel) + 1e-6))
+        errs.append(err)
     return int(np.argmin(errs))
 
 
@@ -142,6 +163,34 @@ def test_projection_matches_rendering(bev_root: str) -> None:
             hits += int(np.abs(pixel - bg).sum() > 60 and _class_of(pixel) == s["gt_labels"][near])
     assert checked >= 5
     assert hits >= 0.9 * checked, (hits, checked)
+
+
+def _render_one(name: str, x: float, y: float, yaw: float) -> np.ndarray:
+    """CAM_FRONT (H, W, 3) at the set's resolution: one noise-free ``name`` box of mean size."""
+    w, ln, h = CLASS_SIZES[name]
+    box = np.array([[x, y, h / 2, w, ln, h, yaw, 0.0, 0.0]])
+    rig = camera_rigs(WIDTH, HEIGHT)["CAM_FRONT"]
+    img = render_camera(rig, np.eye(4), box, [CLASSES.index(name)], [1.0], WIDTH, HEIGHT)
+    return img.astype(np.float64)
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_front_differs_from_back(name: str) -> None:
+    """Heading is visible: turned by pi, the same box at the same place looks different.
+
+    Head-on (yaw 0 shows the back, pi the front) the silhouettes are the same and only the
+    paint tells them apart; side-on (+-pi/2) the light end swaps sides. At 20 m, the far end
+    of the range the model is scored on, and the set's resolution. A box painted one colour
+    on every face fails both (the face turned to the camera gets the same light either way).
+    All three built-in classes have a front; none is symmetric like nuScenes' barrier.
+    """
+    empty = _render_one(name, 1000.0, 0.0, 0.0)  # the box far behind the horizon haze
+    for yaw in (0.0, math.pi / 2):
+        a, b = _render_one(name, 20.0, 0.0, yaw), _render_one(name, 20.0, 0.0, yaw + math.pi)
+        on_box = (np.abs(a - empty).sum(-1) > 40) & (np.abs(b - empty).sum(-1) > 40)
+        assert on_box.sum() >= 60, (yaw, on_box.sum())  # pixels the object covers in both
+        differ = np.abs(a - b).sum(-1)[on_box] > 60
+        assert differ.mean() > 0.25, (yaw, differ.mean())
 
 
 def test_ego_motion_consistency(bev_root: str) -> None:

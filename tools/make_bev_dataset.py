@@ -21,6 +21,9 @@ def main() -> None:
     parser.add_argument(
         "--height", type=int, default=bev.HEIGHT, help="camera image height in pixels"
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="processes rendering scenes (same files as 1)"
+    )
     parser.add_argument("--force", action="store_true", help="regenerate even if up to date")
     args = parser.parse_args()
     start = time.time()
@@ -33,6 +36,7 @@ def main() -> None:
         args.width,
         args.height,
         force=args.force,
+        workers=args.workers,
     )
     state = f"written in {time.time() - start:.1f} s" if paths["written"] else "already present"
     print(

@@ -2,7 +2,8 @@
 
 Six nuScenes-like cameras look out from an ego vehicle that drives forward with slight turns.
 Objects (car, truck, pedestrian) stand on the ground, some move; each camera image shows the
-boxes' visible faces (shaded, class-coloured, painter's order) over sky and a textured ground
+boxes' visible faces (shaded, class-coloured with a lighter front, :mod:`.box_paint`, painter's
+order) over sky and a textured ground
 plane fixed in the global frame, so it moves with ego motion. Writes the ``npudet-bev-v2``
 info files described in :mod:`npudet.bev.infos.schema`: boxes (x, y, z, w, l, h, yaw, vx, vy)
 in each frame's ego frame, velocity being the object's absolute velocity rotated into the ego
@@ -14,6 +15,7 @@ vehicle.moving / vehicle.parked for cars and trucks, pedestrian.moving / pedestr
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import shutil
 from typing import Any, Dict, List, Sequence, Tuple
@@ -24,6 +26,7 @@ import numpy as np
 from npudet.utils.json_io import recorded_settings_match, write_json_atomic
 
 from .attributes import attribute_from_velocity
+from .box_paint import FRONT_FRACTION, box_faces, front_colour
 from .schema import VERSION
 
 CLASSES: Tuple[str, ...] = ("car", "truck", "pedestrian")
@@ -67,6 +70,9 @@ SPLITS: Tuple[str, ...] = ("train", "val")
 # the ground, and at 20 m a pixel row of a 320x192 camera is ~1 m of range (160x96: ~2 m)
 NUM_SCENES_TRAIN, NUM_SCENES_VAL, FRAMES_PER_SCENE = 128, 4, 8
 WIDTH, HEIGHT = 320, 192
+# the look of the rendered images, recorded in meta.json so a set rendered by an older renderer
+# is regenerated: 1 one colour per box, 2 the front painted lighter (heading visible)
+RENDER_VERSION = 2
 _LIGHT = np.array([0.4, 0.6, 1.0]) / np.linalg.norm([0.4, 0.6, 1.0])
 
 
@@ -103,10 +109,6 @@ def box_corners(box: Sequence[float]) -> np.ndarray:
     bottom = np.concatenate([base, np.full((4, 1), z - h / 2.0)], axis=1)
     top = np.concatenate([base, np.full((4, 1), z + h / 2.0)], axis=1)
     return np.concatenate([bottom, top], axis=0)
-
-
-# faces as corner indices (each a planar quad, corners in cyclic order)
-_FACES = ((0, 3, 2, 1), (4, 5, 6, 7), (0, 1, 5, 4), (1, 2, 6, 5), (2, 3, 7, 6), (3, 0, 4, 7))
 
 
 def _clip_near(poly: np.ndarray, near: float = 0.1) -> np.ndarray:
@@ -185,27 +187,23 @@ def render_camera(
         [-np.linalg.norm(np.asarray(b[:3]) - cam_pos) for b in boxes_ego], kind="stable"
     )
     for i in order:
-        corners = box_corners(boxes_ego[i])
-        centre = corners.mean(axis=0)
-        cam_pts = corners @ ego2cam[:3, :3].T + ego2cam[:3, 3]
-        if (cam_pts[:, 2] <= 0.1).all():
-            continue
-        colour = np.array(CLASS_COLOURS[CLASSES[classes[i]]], np.float64) * shades[i]
-        for face in _FACES:
-            fc = corners[list(face)]
-            normal = np.cross(fc[1] - fc[0], fc[2] - fc[1])
-            normal /= np.linalg.norm(normal)
-            if np.dot(normal, fc.mean(axis=0) - centre) < 0:
-                normal = -normal  # make it point outwards
-            if np.dot(normal, fc.mean(axis=0) - cam_pos) >= 0:
+        name = CLASSES[classes[i]]
+        corners = box_corners(boxes_ego[i]) @ ego2cam[:3, :3].T + ego2cam[:3, 3]
+        if (corners[:, 2] <= 0.1).all():
+            continue  # wholly behind the camera
+        body = np.array(CLASS_COLOURS[name], np.float64) * shades[i]
+        front = front_colour(CLASS_COLOURS[name]) * shades[i]
+        for face in box_faces(boxes_ego[i], FRONT_FRACTION[name]):
+            if np.dot(face.normal, face.corners.mean(axis=0) - cam_pos) >= 0:
                 continue  # back face
-            poly = _clip_near(cam_pts[list(face)])
+            poly = _clip_near(face.corners @ ego2cam[:3, :3].T + ego2cam[:3, 3])
             if len(poly) < 3:
                 continue
             uv = poly @ k.T
             uv = np.clip(uv[:, :2] / uv[:, 2:3], -1e5, 1e5)
-            light = 0.5 + 0.5 * max(0.0, float(np.dot(normal, _LIGHT)))
-            fill = tuple(int(c) for c in np.clip(colour * light, 0, 255))
+            light = 0.5 + 0.5 * max(0.0, float(np.dot(face.normal, _LIGHT)))
+            colour = (front if face.front else body) * light
+            fill = tuple(int(c) for c in np.clip(colour, 0, 255))
             cv2.fillPoly(img, [np.round(uv * 16).astype(np.int32)], fill, cv2.LINE_AA, shift=4)
     if rng is not None:
         noisy = img.astype(np.float32) + rng.normal(0.0, 3.0, img.shape).astype(np.float32)
@@ -290,6 +288,79 @@ def _r(values: Any) -> Any:
     return np.round(np.asarray(values, np.float64), 6).tolist()
 
 
+def _write_scene(
+    root: str, split: str, s: int, frames_per_scene: int, seed: int, width: int, height: int
+) -> List[Dict[str, Any]]:
+    """Render scene ``s`` of one split (its own RNG); returns its data_list entries."""
+    rigs = camera_rigs(width, height)
+    split_id = SPLITS.index(split)
+    data_list: List[Dict[str, Any]] = []
+    rng = np.random.default_rng([seed, split_id, s])
+    scene = f"{split}_{s:04d}"
+    ego = _ego_trajectory(rng, frames_per_scene)
+    objects = _place_objects(rng, ego, attempts=int(rng.integers(8, 20)))
+    texture_seed = int(rng.integers(1000))
+    for f in range(frames_per_scene):
+        ego2global = _pose_matrix(*ego[f])
+        global2ego = np.linalg.inv(ego2global)
+        ego_yaw = ego[f, 2]
+        boxes, labels, attrs, shades = [], [], [], []
+        for o in objects:
+            gx, gy = o["track"][f]
+            p = global2ego @ np.array([gx, gy, 0.0, 1.0])
+            if math.hypot(p[0], p[1]) > MAX_RANGE:
+                continue
+            v = _rot_z(-ego_yaw)[:2, :2] @ o["vel"]
+            w, ln, h = o["size"]
+            boxes.append([p[0], p[1], h / 2.0, w, ln, h, _wrap(o["yaw"] - ego_yaw), v[0], v[1]])
+            labels.append(o["cls"])
+            attrs.append(attribute_from_velocity(CLASSES[o["cls"]], *o["vel"]))
+            shades.append(o["shade"])
+        boxes_arr = np.array(boxes, np.float64).reshape(-1, 9)
+        cams = {}
+        for name in CAMERA_NAMES:
+            rel = f"images/{scene}/{name}/{f:03d}.jpg"
+            path = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            img = render_camera(
+                rigs[name],
+                ego2global,
+                boxes_arr,
+                labels,
+                shades,
+                width,
+                height,
+                rng,
+                texture_seed,
+            )
+            cv2.imwrite(path, img, [cv2.IMWRITE_JPEG_QUALITY, 92])
+            cams[name] = dict(
+                img_path=rel,
+                cam2ego=_r(rigs[name]["cam2ego"]),
+                intrinsic=_r(rigs[name]["intrinsic"]),
+                width=width,
+                height=height,
+            )
+        idx = s * frames_per_scene + f  # scenes are joined in order, each whole
+        data_list.append(
+            dict(
+                sample_idx=idx,
+                token=f"{scene}_{f:03d}",
+                scene=scene,
+                frame=f,
+                timestamp=round(s * 1000.0 + f * FRAME_DT, 6),
+                prev=idx - 1 if f > 0 else -1,
+                ego2global=_r(ego2global),
+                ego_pose_translation=_r(ego2global[:3, 3]),
+                cams=cams,
+                gt_boxes=_r(boxes_arr),
+                gt_labels=[int(c) for c in labels],
+                gt_attrs=attrs,
+            )
+        )
+    return data_list
+
+
 def write_split(
     root: str,
     split: str,
@@ -298,75 +369,20 @@ def write_split(
     seed: int,
     width: int,
     height: int,
+    workers: int = 1,
 ) -> str:
-    """Render ``num_scenes`` scenes of one split; returns the path of ``infos_<split>.json``."""
-    rigs = camera_rigs(width, height)
-    split_id = SPLITS.index(split)
-    data_list: List[Dict[str, Any]] = []
-    for s in range(num_scenes):
-        rng = np.random.default_rng([seed, split_id, s])
-        scene = f"{split}_{s:04d}"
-        ego = _ego_trajectory(rng, frames_per_scene)
-        objects = _place_objects(rng, ego, attempts=int(rng.integers(8, 20)))
-        texture_seed = int(rng.integers(1000))
-        for f in range(frames_per_scene):
-            ego2global = _pose_matrix(*ego[f])
-            global2ego = np.linalg.inv(ego2global)
-            ego_yaw = ego[f, 2]
-            boxes, labels, attrs, shades = [], [], [], []
-            for o in objects:
-                gx, gy = o["track"][f]
-                p = global2ego @ np.array([gx, gy, 0.0, 1.0])
-                if math.hypot(p[0], p[1]) > MAX_RANGE:
-                    continue
-                v = _rot_z(-ego_yaw)[:2, :2] @ o["vel"]
-                w, ln, h = o["size"]
-                boxes.append([p[0], p[1], h / 2.0, w, ln, h, _wrap(o["yaw"] - ego_yaw), v[0], v[1]])
-                labels.append(o["cls"])
-                attrs.append(attribute_from_velocity(CLASSES[o["cls"]], *o["vel"]))
-                shades.append(o["shade"])
-            boxes_arr = np.array(boxes, np.float64).reshape(-1, 9)
-            cams = {}
-            for name in CAMERA_NAMES:
-                rel = f"images/{scene}/{name}/{f:03d}.jpg"
-                path = os.path.join(root, rel)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                img = render_camera(
-                    rigs[name],
-                    ego2global,
-                    boxes_arr,
-                    labels,
-                    shades,
-                    width,
-                    height,
-                    rng,
-                    texture_seed,
-                )
-                cv2.imwrite(path, img, [cv2.IMWRITE_JPEG_QUALITY, 92])
-                cams[name] = dict(
-                    img_path=rel,
-                    cam2ego=_r(rigs[name]["cam2ego"]),
-                    intrinsic=_r(rigs[name]["intrinsic"]),
-                    width=width,
-                    height=height,
-                )
-            idx = len(data_list)
-            data_list.append(
-                dict(
-                    sample_idx=idx,
-                    token=f"{scene}_{f:03d}",
-                    scene=scene,
-                    frame=f,
-                    timestamp=round(s * 1000.0 + f * FRAME_DT, 6),
-                    prev=idx - 1 if f > 0 else -1,
-                    ego2global=_r(ego2global),
-                    ego_pose_translation=_r(ego2global[:3, 3]),
-                    cams=cams,
-                    gt_boxes=_r(boxes_arr),
-                    gt_labels=[int(c) for c in labels],
-                    gt_attrs=attrs,
-                )
-            )
+    """Render ``num_scenes`` scenes of one split; returns the path of ``infos_<split>.json``.
+
+    ``workers`` > 1 renders scenes in that many processes; every scene has its own RNG, so
+    the files are the same as with one.
+    """
+    args = [(root, split, s, frames_per_scene, seed, width, height) for s in range(num_scenes)]
+    if workers > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            scenes = pool.starmap(_write_scene, args, chunksize=1)
+    else:
+        scenes = [_write_scene(*a) for a in args]
+    data_list = [entry for scene in scenes for entry in scene]
     metainfo = dict(
         version=VERSION, classes=list(CLASSES), cameras=list(CAMERA_NAMES), source="synthetic"
     )
@@ -383,6 +399,7 @@ def make_bev_dataset(
     width: int = WIDTH,
     height: int = HEIGHT,
     force: bool = False,
+    workers: int = 1,
 ) -> Dict[str, Any]:
     """Generate the synthetic BEV set under ``root`` unless present with the same settings.
 
@@ -393,6 +410,7 @@ def make_bev_dataset(
     """
     settings = dict(
         version=VERSION,
+        render_version=RENDER_VERSION,
         num_scenes_train=num_scenes_train,
         num_scenes_val=num_scenes_val,
         frames_per_scene=frames_per_scene,
@@ -418,7 +436,7 @@ def make_bev_dataset(
         os.remove(meta_file)
         shutil.rmtree(os.path.join(root, "images"), ignore_errors=True)
     for split, count in zip(SPLITS, (num_scenes_train, num_scenes_val)):
-        write_split(root, split, count, frames_per_scene, seed, width, height)
+        write_split(root, split, count, frames_per_scene, seed, width, height, workers)
     write_json_atomic(meta_file, settings)
     paths["written"] = True
     return paths
