@@ -1,0 +1,171 @@
+"""``tools/export.py``: a trained-like Deformable DETR / DINO leaves PyTorch as one graph.
+
+A small Deformable DETR (the shapes config with 1 encoder and 2 decoder layers, random
+weights whose class scores are spread over (0, 1)) is saved as a checkpoint, exported by the
+tool to ONNX traced at batch 2 and 128x160, and run in stock ONNX Runtime at batch 1 and 2 and
+two other image sizes; it must give what mmdet's ``predict(rescale=False)`` gives on the same
+images. The export path (level shapes as the maps' sizes, ``LevelPairsMixin``) must also equal
+mmdet's own path exactly in eager mode, for both families.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from mmdet.structures import DetDataSample
+from mmengine.config import Config
+from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool
+
+from npudet.deploy.detector import DetectorGraph
+from npudet.deploy.export import example_images, export_onnx
+from npudet.models.detectors import apply_msda_cfg
+
+EXPORT = (2, 128, 160)  # batch, height, width traced
+RUNS = [(1, 96, 128), (2, 96, 128), (1, 160, 96), (2, 160, 96)]  # other sizes, batch 1 and 2
+TIE = 1e-6  # scores closer than this may swap places between runtimes
+
+
+def tiny_config(tmp_path, base: str) -> str:
+    """A config on ``base`` with 1 encoder and 2 decoder layers (a short graph to export)."""
+    path = tmp_path / "tiny.py"
+    path.write_text(
+        f"_base_ = [{base!r}]\n"
+        "model = dict(encoder=dict(num_layers=1), decoder=dict(num_layers=2))\n"
+    )
+    return str(path)
+
+
+def spread_scores(model: torch.nn.Module) -> None:
+    """Class branches that give scores across (0, 1), not all near the focal prior 0.01."""
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for branch in model.bbox_head.cls_branches:
+            # Top-50 scores spread over about 0.3..0.6 at the sizes tried.
+            branch.weight.copy_(torch.randn(branch.weight.shape, generator=gen) * 0.1)
+            branch.bias.fill_(-2.0)
+
+
+def reference(model: torch.nn.Module, images: torch.Tensor):
+    """mmdet's ``predict`` on full images, no rescale: [(boxes, scores, labels)] per image."""
+    h, w = images.shape[2:]
+    meta = dict(img_shape=(h, w), batch_input_shape=(h, w), ori_shape=(h, w), scale_factor=(1, 1))
+    samples = [DetDataSample(metainfo=meta) for _ in range(images.shape[0])]
+    with torch.no_grad():
+        results = model.predict(images, samples, rescale=False)
+    return [
+        (r.pred_instances.bboxes, r.pred_instances.scores, r.pred_instances.labels) for r in results
+    ]
+
+
+def untied(scores: np.ndarray) -> np.ndarray:
+    """(N,) True where a score (sorted descending) is apart from both neighbours."""
+    gaps = np.abs(np.diff(scores)) > TIE
+    return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
+
+
+def assert_matches(got, want, height: int, width: int) -> dict:
+    """Per image: boxes in normalised coordinates and scores within 1e-4, labels equal where
+    scores are not tied. Returns the largest differences."""
+    boxes, scores, labels = got
+    scale = np.array([width, height, width, height], dtype=np.float32)
+    worst = dict(boxes=0.0, scores=0.0)
+    for i, (w_boxes, w_scores, w_labels) in enumerate(want):
+        keep = untied(w_scores.numpy())
+        assert keep.mean() > 0.5, "too many tied scores to compare"
+        box_diff = np.abs(boxes[i] / scale - w_boxes.numpy() / scale)[keep].max()
+        score_diff = np.abs(scores[i] - w_scores.numpy()).max()
+        assert box_diff <= 1e-4 and score_diff <= 1e-4, (box_diff, score_diff)
+        np.testing.assert_array_equal(labels[i][keep], w_labels.numpy()[keep])
+        worst = dict(boxes=max(worst["boxes"], box_diff), scores=max(worst["scores"], score_diff))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def detr(tmp_path_factory):
+    """The tiny Deformable DETR: config, checkpoint, the PyTorch model and its ONNX export
+    written by ``tools/export.py``."""
+    tmp = tmp_path_factory.mktemp("export_detr")
+    config = tiny_config(tmp, SMALL_DETR)
+    model = build_model(Config.fromfile(config), seed=0).eval()
+    spread_scores(model)
+    checkpoint = tmp / "tiny.pth"
+    torch.save({"state_dict": model.state_dict(), "meta": {}}, checkpoint)
+    out = tmp / "tiny.onnx"
+    batch, height, width = EXPORT
+    done = run_tool(
+        ["tools/export.py", config, str(checkpoint), "--format", "onnx", "--out", str(out),
+         "--shape", str(height), str(width), "--batch", str(batch)]
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert out.is_file() and f"wrote {out}" in done.stdout
+    # The reference runs the same math as the graph (grid_sample) on mmdet's own path.
+    apply_msda_cfg(model, dict(impl="grid_sample"))
+    return dict(config=config, checkpoint=checkpoint, model=model, onnx=out)
+
+
+def test_onnx_graph_is_plain_onnx_with_dynamic_batch_and_size(detr):
+    graph = onnx.load(str(detr["onnx"]))
+    onnx.checker.check_model(graph)
+    assert {o.domain for o in graph.opset_import} <= {"", "ai.onnx"}
+    assert max(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) >= 16
+    ops = [node.op_type for node in graph.graph.node]
+    assert ops.count("GridSample") >= 4  # MSDA per level, as plain nodes
+    dims = graph.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param != "" for d in dims] == [True, False, True, True]  # B, 3, H, W
+    assert [o.name for o in graph.graph.output] == ["boxes", "scores", "labels"]
+
+
+@pytest.mark.parametrize("batch,height,width", RUNS)
+def test_onnx_runtime_matches_pytorch_at_other_sizes(detr, batch, height, width):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(detr["onnx"]), providers=["CPUExecutionProvider"])
+    images = example_images(batch, height, width, seed=batch * 1000 + height)
+    got = session.run(None, {"images": images.numpy()})
+    want = reference(detr["model"], images)
+    assert got[0].shape == (batch, 50, 4) and got[2].dtype == np.int64
+    assert float(want[0][1].max() - want[0][1].min()) > 0.1  # scores are not all alike
+    assert_matches(got, want, height, width)
+
+
+@pytest.mark.parametrize("config", [SMALL_DETR, SMALL_DINO], ids=["deformable_detr", "dino"])
+def test_export_path_equals_mmdet_path_in_eager(tmp_path, config):
+    model = build_model(Config.fromfile(tiny_config(tmp_path, config)), seed=0).eval()
+    spread_scores(model)
+    images = example_images(2, 96, 128, seed=5)
+    with torch.no_grad():
+        boxes, scores, labels = DetectorGraph(model)(images)
+    for i, (w_boxes, w_scores, w_labels) in enumerate(reference(model, images)):
+        torch.testing.assert_close(boxes[i], w_boxes, rtol=0, atol=1e-5)
+        torch.testing.assert_close(scores[i], w_scores, rtol=0, atol=1e-6)
+        assert torch.equal(labels[i], w_labels)
+
+
+def test_export_names_a_bad_msda_node_and_family(detr, tmp_path):
+    with pytest.raises(ValueError, match="msda_node: expected one of gridsample"):
+        export_onnx(DetectorGraph(detr["model"]), example_images(*EXPORT), tmp_path / "x", "trt")
+    with pytest.raises(TypeError, match="detector: expected one of npudet's DeformableDETR"):
+        DetectorGraph(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--format", "tflite"], "argument --format: invalid choice: 'tflite'"),
+        (["--format", "onnx", "--shape", "32", "64"], "argument --shape: expected H and W >= 65"),
+        (["--format", "onnx", "--missing"], "checkpoint: checkpoint not found"),
+    ],
+    ids=["unknown-format", "small-shape", "missing-checkpoint"],
+)
+def test_cli_bad_arguments_are_one_line(detr, tmp_path, args, message):
+    checkpoint = str(tmp_path / "none.pth") if "--missing" in args else str(detr["checkpoint"])
+    args = [a for a in args if a != "--missing"]
+    done = run_tool(
+        ["tools/export.py", detr["config"], checkpoint, *args, "--out", str(tmp_path / "m.onnx")]
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+    assert not (tmp_path / "m.onnx").exists()
