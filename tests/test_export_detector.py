@@ -82,31 +82,59 @@ def assert_matches(got, want, height: int, width: int) -> dict:
     return worst
 
 
-@pytest.fixture(scope="module")
-def detr(tmp_path_factory):
-    """The tiny Deformable DETR: config, checkpoint, the PyTorch model and its ONNX export
-    written by ``tools/export.py``."""
-    tmp = tmp_path_factory.mktemp("export_detr")
-    config = tiny_config(tmp, SMALL_DETR)
+def export_with_tool(tmp, base: str, fmt: str) -> dict:
+    """A tiny detector on config ``base`` saved as a checkpoint and exported by
+    ``tools/export.py`` to ``fmt`` at ``EXPORT``: config, checkpoint, the PyTorch model on
+    ``grid_sample`` (mmdet's path, the graph's math) and the exported file."""
+    config = tiny_config(tmp, base)
     model = build_model(Config.fromfile(config), seed=0).eval()
     spread_scores(model)
     checkpoint = tmp / "tiny.pth"
     torch.save({"state_dict": model.state_dict(), "meta": {}}, checkpoint)
-    out = tmp / "tiny.onnx"
+    out = tmp / f"tiny.{'onnx' if fmt == 'onnx' else 'pt2'}"
     batch, height, width = EXPORT
     done = run_tool(
-        ["tools/export.py", config, str(checkpoint), "--format", "onnx", "--out", str(out),
+        ["tools/export.py", config, str(checkpoint), "--format", fmt, "--out", str(out),
          "--shape", str(height), str(width), "--batch", str(batch)]
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.is_file() and f"wrote {out}" in done.stdout
-    # The reference runs the same math as the graph (grid_sample) on mmdet's own path.
     apply_msda_cfg(model, dict(impl="grid_sample"))
-    return dict(config=config, checkpoint=checkpoint, model=model, onnx=out)
+    return dict(config=config, checkpoint=checkpoint, model=model, out=out)
+
+
+@pytest.fixture(scope="module")
+def detr(tmp_path_factory):
+    """The tiny Deformable DETR and its ONNX export."""
+    return export_with_tool(tmp_path_factory.mktemp("export_detr"), SMALL_DETR, "onnx")
+
+
+def run_onnx(path, images: torch.Tensor):
+    """ONNX Runtime (CPU) on ``images``: [boxes, scores, labels] as numpy."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"images": images.numpy()})
+
+
+def check_size(exported: dict, run, batch: int, height: int, width: int) -> dict:
+    """``run(images)`` matches mmdet's ``predict`` at one size; the largest differences."""
+    images = example_images(batch, height, width, seed=batch * 1000 + height)
+    got = [np.asarray(t) for t in run(images)]
+    want = reference(exported["model"], images)
+    assert got[0].shape == (batch, 50, 4) and got[2].dtype == np.int64
+    assert float(want[0][1].max() - want[0][1].min()) > 0.1  # scores are not all alike
+    return assert_matches(got, want, height, width)
+
+
+def check_runs(exported: dict, run) -> None:
+    """``run(images)`` matches mmdet's ``predict`` at every size of ``RUNS``."""
+    for size in RUNS:
+        check_size(exported, run, *size)
 
 
 def test_onnx_graph_is_plain_onnx_with_dynamic_batch_and_size(detr):
-    graph = onnx.load(str(detr["onnx"]))
+    graph = onnx.load(str(detr["out"]))
     onnx.checker.check_model(graph)
     assert {o.domain for o in graph.opset_import} <= {"", "ai.onnx"}
     assert max(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")) >= 16
@@ -119,15 +147,21 @@ def test_onnx_graph_is_plain_onnx_with_dynamic_batch_and_size(detr):
 
 @pytest.mark.parametrize("batch,height,width", RUNS)
 def test_onnx_runtime_matches_pytorch_at_other_sizes(detr, batch, height, width):
-    import onnxruntime as ort
+    check_size(detr, lambda images: run_onnx(detr["out"], images), batch, height, width)
 
-    session = ort.InferenceSession(str(detr["onnx"]), providers=["CPUExecutionProvider"])
-    images = example_images(batch, height, width, seed=batch * 1000 + height)
-    got = session.run(None, {"images": images.numpy()})
-    want = reference(detr["model"], images)
-    assert got[0].shape == (batch, 50, 4) and got[2].dtype == np.int64
-    assert float(want[0][1].max() - want[0][1].min()) > 0.1  # scores are not all alike
-    assert_matches(got, want, height, width)
+
+@pytest.mark.slow
+def test_dino_onnx_matches_pytorch(tmp_path):
+    exported = export_with_tool(tmp_path, SMALL_DINO, "onnx")
+    check_runs(exported, lambda images: run_onnx(exported["out"], images))
+
+
+@pytest.mark.slow
+def test_aoti_package_matches_pytorch_through_the_cpp_runner(tmp_path):
+    from npudet.deploy import aoti
+
+    exported = export_with_tool(tmp_path, SMALL_DETR, "aoti")
+    check_runs(exported, lambda images: aoti.run_package(exported["out"], [images]))
 
 
 @pytest.mark.parametrize("config", [SMALL_DETR, SMALL_DINO], ids=["deformable_detr", "dino"])
