@@ -19,7 +19,7 @@ from mmengine.config import Config
 from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool
 
 from npudet.deploy.detector import DetectorGraph
-from npudet.deploy.export import example_images, export_onnx
+from npudet.deploy.export import example_images, export_onnx, main
 from npudet.models.detectors import apply_msda_cfg
 
 EXPORT = (2, 128, 160)  # batch, height, width traced
@@ -189,17 +189,19 @@ def test_export_names_a_bad_msda_node_and_family(detr, tmp_path):
     [
         (["--format", "tflite"], "argument --format: invalid choice: 'tflite'"),
         (["--format", "onnx", "--shape", "32", "64"], "argument --shape: expected H and W >= 65"),
+        (["--format", "onnx", "--batch", "1"], "argument --batch: expected >= 2"),
+        (["--format", "aoti", "--msda-node", "npu"], "argument --msda-node: ONNX only"),
         (["--format", "onnx", "--missing"], "checkpoint: checkpoint not found"),
     ],
-    ids=["unknown-format", "small-shape", "missing-checkpoint"],
+    ids=["unknown-format", "small-shape", "batch-1", "aoti-node", "missing-checkpoint"],
 )
-def test_cli_bad_arguments_are_one_line(detr, tmp_path, args, message):
+def test_cli_bad_arguments_are_one_line(detr, tmp_path, capsys, args, message):
+    # In process: the tool itself runs in the detr fixture; this is its argument handling.
     checkpoint = str(tmp_path / "none.pth") if "--missing" in args else str(detr["checkpoint"])
     args = [a for a in args if a != "--missing"]
-    done = run_tool(
-        ["tools/export.py", detr["config"], checkpoint, *args, "--out", str(tmp_path / "m.onnx")]
-    )
-    assert done.returncode == 2
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], done.stderr
+    with pytest.raises(SystemExit) as exit_info:
+        main([detr["config"], checkpoint, *args, "--out", str(tmp_path / "m.onnx")])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
     assert not (tmp_path / "m.onnx").exists()
