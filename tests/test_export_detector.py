@@ -27,12 +27,13 @@ RUNS = [(1, 96, 128), (2, 96, 128), (1, 160, 96), (2, 160, 96)]  # other sizes, 
 TIE = 1e-6  # scores closer than this may swap places between runtimes
 
 
-def tiny_config(tmp_path, base: str) -> str:
-    """A config on ``base`` with 1 encoder and 2 decoder layers (a short graph to export)."""
+def tiny_config(tmp_path, base: str, extra: str = "") -> str:
+    """A config on ``base`` with 1 encoder and 2 decoder layers (a short graph to export),
+    and the model's ``extra`` keyword arguments."""
     path = tmp_path / "tiny.py"
     path.write_text(
         f"_base_ = [{base!r}]\n"
-        "model = dict(encoder=dict(num_layers=1), decoder=dict(num_layers=2))\n"
+        f"model = dict(encoder=dict(num_layers=1), decoder=dict(num_layers=2){extra})\n"
     )
     return str(path)
 
@@ -164,9 +165,18 @@ def test_aoti_package_matches_pytorch_through_the_cpp_runner(tmp_path):
     check_runs(exported, lambda images: aoti.run_package(exported["out"], [images]))
 
 
-@pytest.mark.parametrize("config", [SMALL_DETR, SMALL_DINO], ids=["deformable_detr", "dino"])
-def test_export_path_equals_mmdet_path_in_eager(tmp_path, config):
-    model = build_model(Config.fromfile(tiny_config(tmp_path, config)), seed=0).eval()
+@pytest.mark.parametrize(
+    "config,extra",
+    [
+        (SMALL_DETR, ""),
+        # mmdet's plain Deformable DETR: learned queries, no proposals, no box refinement.
+        (SMALL_DETR, ", as_two_stage=False, with_box_refine=False"),
+        (SMALL_DINO, ""),
+    ],
+    ids=["deformable_detr", "deformable_detr_one_stage", "dino"],
+)
+def test_export_path_equals_mmdet_path_in_eager(tmp_path, config, extra):
+    model = build_model(Config.fromfile(tiny_config(tmp_path, config, extra)), seed=0).eval()
     spread_scores(model)
     images = example_images(2, 96, 128, seed=5)
     with torch.no_grad():

@@ -71,6 +71,13 @@ def example_images(batch: int, height: int, width: int, seed: int = 0) -> torch.
     return torch.randn(batch, 3, height, width, generator=gen)
 
 
+def trace(graph: DetectorGraph, images: torch.Tensor) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``graph`` at ``images`` with batch, height and width dynamic
+    (``image_dims``); the constraint error names a size the model fixes."""
+    with torch.no_grad():
+        return torch.export.export(graph, (images,), dynamic_shapes=(image_dims(),))
+
+
 def export_onnx(
     graph: DetectorGraph,
     images: torch.Tensor,
@@ -91,11 +98,11 @@ def export_onnx(
         return _export_fused_node(graph, images, out, msda_node, opset)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on every traced mmdet assert
-        program = torch.onnx.export(
-            graph,
-            (images,),
+        # torch.export first: it refuses a dynamic size the model fixes, where
+        # torch.onnx.export's fallbacks would quietly write a graph of the traced size.
+        onnx_program = torch.onnx.export(
+            trace(graph, images),
             dynamo=True,
-            dynamic_shapes=(image_dims(),),
             opset_version=opset,
             # onnxscript 0.7.2's optimizer left a node reading a value it had removed
             # ("Node input 'sigmoid_1_min_1' is not a graph input"); the plain graph is valid.
@@ -103,7 +110,7 @@ def export_onnx(
             verbose=False,
             **names,
         )
-    program.save(str(out))
+    onnx_program.save(str(out))
     return out
 
 
@@ -118,7 +125,9 @@ def _export_fused_node(
             f"msda_node={msda_node!r}: needs npudet.deploy.onnx_nodes (the fused-node ONNX "
             "export), which this install does not have; use msda_node='gridsample'"
         ) from None
-    return onnx_nodes.export(graph, (images,), out, node=msda_node, opset=opset)
+    return onnx_nodes.export(
+        graph, (images,), out, node=msda_node, opset=opset, dynamic_shapes=(image_dims(),)
+    )
 
 
 def export_aoti(graph: DetectorGraph, images: torch.Tensor, out: Path) -> Path:
