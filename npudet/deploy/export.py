@@ -175,14 +175,19 @@ def main(argv: Optional[List[str]] = None) -> Path:
     """``tools/export.py``: load, export, print where it went; errors are one line."""
     args = parse_args(argv)
     try:
+        # TypeError / ValueError: a config of another model family, or one DetectorGraph
+        # cannot take (softmax scores).
         graph = load_detector(args.config, args.checkpoint, ROUTE_IMPL[args.format])
-    except (PreflightError, FileNotFoundError) as err:
+    except (PreflightError, FileNotFoundError, TypeError, ValueError) as err:
         fail(str(err))
     images = example_images(args.batch, *args.shape)
-    if args.format == "onnx":
-        out = export_onnx(graph, images, args.out, args.msda_node, args.opset)
-    else:
-        out = export_aoti(graph, images, args.out)
+    try:
+        if args.format == "onnx":
+            out = export_onnx(graph, images, args.out, args.msda_node, args.opset)
+        else:
+            out = export_aoti(graph, images, args.out)
+    except NotImplementedError as err:  # a fused-node flavour this install lacks
+        fail(str(err))
     height, width = args.shape
     print(f"wrote {out} ({args.format}, traced at batch {args.batch}, {height}x{width})")
     return out
