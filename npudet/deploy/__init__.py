@@ -4,9 +4,12 @@
 (``ops/aoti_runner/``) that runs them with no Python. ``onnx_nodes``: MSDA as one fused ONNX
 node per call (npudet's, mmdeploy's or the NPU's flavour), or plain GridSample;
 ``ort_custom_ops``: ``ort_library()``, the ONNX Runtime custom-op library
-(``ops/onnxruntime/``) that runs npudet's and mmdeploy's node. This wing imports the op
-library and the layers; nothing below it imports it (the op reaches the ONNX route only
-through ``npudet.ops.msda.export_node``).
+(``ops/onnxruntime/``) that runs npudet's and mmdeploy's node. ``detector``: a Deformable DETR /
+DINO as one traceable graph (images -> boxes, scores, labels); ``export``: ``tools/export.py``'s
+ONNX and AOTInductor exports of a trained detector (imported by name: they need mmdet).
+This wing imports the op library, the layers, the detectors and the engine's checks; nothing
+below it imports it (the op reaches the ONNX route only through
+``npudet.ops.msda.export_node``).
 """
 
 from .aoti import build_runner, linked_libraries, operator_libraries, package, run_package

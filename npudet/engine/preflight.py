@@ -217,7 +217,9 @@ def check_train_length(cfg: Config) -> None:
             )
 
 
-def _load_state_dict(path: str, key: str) -> Dict[str, torch.Tensor]:
+def load_state_dict(path: str, key: str) -> Dict[str, torch.Tensor]:
+    """The model state_dict of the checkpoint at ``path`` (``module.`` prefixes dropped);
+    PreflightError naming ``key`` when it is missing, unreadable, corrupt or holds none."""
     if not os.path.isfile(path):
         raise PreflightError(f"{key}: checkpoint not found: {path}")
     try:
@@ -258,7 +260,7 @@ def check_checkpoint(cfg: Config, path: str, key: str, strict: bool) -> None:
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
 
-    ckpt = _load_state_dict(path, key)
+    ckpt = load_state_dict(path, key)
     init_default_scope(cfg.get("default_scope", "mmdet"))
     model = MODELS.build(copy.deepcopy(cfg.model)).state_dict()  # build mutates its cfg
     missing, unexpected, mismatched = compare_state_dicts(model, ckpt)

@@ -8,16 +8,18 @@ from mmdet.models.detectors import DeformableDETR as MMDetDeformableDETR
 from mmdet.registry import MODELS
 from torch import Tensor
 
+from .level_pairs import LevelPairsMixin
 from .msda_config import apply_msda_cfg
 
 
 @MODELS.register_module(force=True)
-class DeformableDETR(MMDetDeformableDETR):
+class DeformableDETR(LevelPairsMixin, MMDetDeformableDETR):
     """Stock Deformable DETR whose MSDA layers run on ``npudet.ops``.
 
     Registered under mmdet's own name, so an unchanged mmdet config picks it up once
     ``npudet.models`` is imported. ``msda``: ``dict(impl='auto', encoder=None,
-    decoder=None)``, see :func:`resolve_msda_cfg`.
+    decoder=None)``, see :func:`resolve_msda_cfg`. ``forward_transformer(feats, None)``
+    keeps the level shapes symbolic for export (:class:`LevelPairsMixin`).
     """
 
     def __init__(self, *args: Any, msda: Optional[Mapping] = None, **kwargs: Any) -> None:

@@ -1,0 +1,20 @@
+"""Export a trained Deformable DETR / DINO detector out of PyTorch.
+
+python tools/export.py CONFIG CHECKPOINT --format onnx|aoti --out FILE
+    [--msda-node gridsample|mmdeploy|npu|npudet] [--shape H W] [--batch N] [--opset 18]
+
+``onnx``: an ONNX graph (opset 18 by default) that stock ONNX Runtime runs (MSDA as GridSample
+nodes; the fused-node flavours need ``npudet.deploy.onnx_nodes``). ``aoti``: an AOTInductor
+package run by ``npudet.deploy.aoti.run_package`` (MSDA on the fused C++ kernel). The graph
+takes normalised images (B, 3, H, W), B and H, W >= 65 dynamic, and returns boxes (B, N, 4)
+xyxy in the input's pixels, scores (B, N) and labels (B, N). See docs/deploy.md. The logic is
+``npudet.deploy.export``.
+"""
+
+from __future__ import annotations
+
+import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
+from npudet.deploy.export import main
+
+if __name__ == "__main__":
+    main()
