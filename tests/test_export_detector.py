@@ -83,10 +83,11 @@ def assert_matches(got, want, height: int, width: int) -> dict:
     return worst
 
 
-def export_with_tool(tmp, base: str, fmt: str) -> dict:
+def export_with_tool(tmp, base: str, fmt: str, msda_node: str = "gridsample") -> dict:
     """A tiny detector on config ``base`` saved as a checkpoint and exported by
-    ``tools/export.py`` to ``fmt`` at ``EXPORT``: config, checkpoint, the PyTorch model on
-    ``grid_sample`` (mmdet's path, the graph's math) and the exported file."""
+    ``tools/export.py`` to ``fmt`` (ONNX: with ``msda_node``'s MSDA nodes) at ``EXPORT``:
+    config, checkpoint, the PyTorch model on ``grid_sample`` (mmdet's path, the graph's math)
+    and the exported file."""
     config = tiny_config(tmp, base)
     model = build_model(Config.fromfile(config), seed=0).eval()
     spread_scores(model)
@@ -96,7 +97,7 @@ def export_with_tool(tmp, base: str, fmt: str) -> dict:
     batch, height, width = EXPORT
     done = run_tool(
         ["tools/export.py", config, str(checkpoint), "--format", fmt, "--out", str(out),
-         "--shape", str(height), str(width), "--batch", str(batch)]
+         "--shape", str(height), str(width), "--batch", str(batch), "--msda-node", msda_node]
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.is_file() and f"wrote {out}" in done.stdout
@@ -110,12 +111,27 @@ def detr(tmp_path_factory):
     return export_with_tool(tmp_path_factory.mktemp("export_detr"), SMALL_DETR, "onnx")
 
 
-def run_onnx(path, images: torch.Tensor):
-    """ONNX Runtime (CPU) on ``images``: [boxes, scores, labels] as numpy."""
+@pytest.fixture(scope="module")
+def detr_fused(tmp_path_factory):
+    """The same tiny Deformable DETR exported with npudet's fused MSDA node."""
+    return export_with_tool(tmp_path_factory.mktemp("export_fused"), SMALL_DETR, "onnx", "npudet")
+
+
+def run_onnx(path, images: torch.Tensor, library=None):
+    """ONNX Runtime (CPU; with the custom-op ``library`` registered if given) on ``images``:
+    [boxes, scores, labels] as numpy."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if library is not None:
+        options.register_custom_ops_library(str(library))
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return session.run(None, {"images": images.numpy()})
+
+
+def op_types(path) -> list:
+    """The op types of an ONNX file's nodes, as (domain, op_type)."""
+    return [(node.domain, node.op_type) for node in onnx.load(str(path)).graph.node]
 
 
 def check_size(exported: dict, run, batch: int, height: int, width: int) -> dict:
@@ -149,6 +165,45 @@ def test_onnx_graph_is_plain_onnx_with_dynamic_batch_and_size(detr):
 @pytest.mark.parametrize("batch,height,width", RUNS)
 def test_onnx_runtime_matches_pytorch_at_other_sizes(detr, batch, height, width):
     check_size(detr, lambda images: run_onnx(detr["out"], images), batch, height, width)
+
+
+def test_fused_node_graph_has_one_node_per_msda_layer(detr, detr_fused):
+    graph = onnx.load(str(detr_fused["out"]))
+    onnx.checker.check_model(graph, full_check=True)
+    fused = op_types(detr_fused["out"]).count(("npudet", "MultiScaleDeformableAttn"))
+    assert ("", "GridSample") not in op_types(detr_fused["out"])
+    # The plain graph samples each level of each MSDA layer with one GridSample node.
+    levels = Config.fromfile(detr["config"]).model.num_feature_levels
+    assert fused > 0 and fused * levels == op_types(detr["out"]).count(("", "GridSample"))
+
+
+@pytest.mark.parametrize("batch,height,width", RUNS)
+def test_fused_node_runs_in_onnx_runtime_through_the_library(detr_fused, batch, height, width):
+    from npudet.deploy import ort_library
+
+    library = ort_library()
+    run = lambda images: run_onnx(detr_fused["out"], images, library)  # noqa: E731
+    check_size(detr_fused, run, batch, height, width)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "flavour,node",
+    [("mmdeploy", "MMCVMultiScaleDeformableAttention"), ("npu", "MultiScaleDeformableAttn")],
+)
+def test_engine_flavours_keep_the_node_contract(tmp_path, flavour, node):
+    """TensorRT and ATC cannot run here: their graphs hold one node per MSDA layer in the
+    parser's domain/name, int32 level inputs, and no GridSample."""
+    exported = export_with_tool(tmp_path, SMALL_DETR, "onnx", flavour)
+    graph = onnx.load(str(exported["out"]))
+    onnx.checker.check_model(graph, full_check=True)
+    nodes = [n for n in graph.graph.node if (n.domain, n.op_type) == (flavour, node)]
+    layers = 1 + 2  # tiny_config: 1 encoder layer, 2 decoder layers, one MSDA each
+    assert len(nodes) == layers and ("", "GridSample") not in op_types(exported["out"])
+    assert all(len(n.input) == 5 for n in nodes)
+    inferred = onnx.shape_inference.infer_shapes(graph).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in inferred.value_info}
+    assert {types[n.input[i]] for n in nodes for i in (1, 2)} == {onnx.TensorProto.INT32}
 
 
 @pytest.mark.slow
@@ -188,7 +243,7 @@ def test_export_path_equals_mmdet_path_in_eager(tmp_path, config, extra):
 
 
 def test_export_names_a_bad_msda_node_and_family(detr, tmp_path):
-    with pytest.raises(ValueError, match="msda_node: expected one of gridsample"):
+    with pytest.raises(ValueError, match=r"msda_node: expected one of .*gridsample.*, got 'trt'"):
         export_onnx(DetectorGraph(detr["model"]), example_images(*EXPORT), tmp_path / "x", "trt")
     with pytest.raises(TypeError, match="detector: expected one of npudet's DeformableDETR"):
         DetectorGraph(torch.nn.Linear(2, 2))
