@@ -1,0 +1,207 @@
+"""Real-size training iterations side by side: stock mmdet + mmcv and each npudet MSDA
+implementation (``tools/bench_iteration.py``).
+
+Every run trains the same config on the same generated batch (:mod:`.bench_data`, the
+config's input size), from the same initial weights (built once from the seed and loaded by
+name into each model: npudet's detector and MSDA classes are subclasses of mmdet's and
+mmcv's that add no parameter, so the names are the same and the load is strict) and the
+same random state, each in its own process (:mod:`.iteration_child`). The result: per run
+the loss of every iteration, the median iteration time and time split after the warm-up,
+peak resident memory; against the reference run (``stock`` when run, else the first) the
+speed-up, memory ratio and loss deviation per iteration.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from mmengine.config import Config
+
+from npudet.utils.json_io import write_json_atomic
+
+from .ablate import run_variant, save_initial_weights
+from .bench_config import drop_pretrained
+from .bench_data import dataset_classes, write_bev_frames, write_coco_images
+from .time_split import PHASES
+
+# Losses of two runs agree when |a - b| <= LOSS_RTOL * |b| at every iteration. Why 1e-3:
+# the implementations sum the same float32 products in other orders (fused loops, grid
+# sampling, gathers), so their MSDA outputs differ by ~1e-6 relative; through the
+# transformer that gives ~1e-6 in the first loss. AdamW's first steps divide each gradient
+# by its own magnitude, so a parameter whose gradient is round-off sized moves by up to
+# lr either way: later iterations' losses differ by up to ~1e-4 relative. 1e-3 leaves a
+# margin over that and is far below any real change (a wrong sampling location or weight
+# moves the loss by percent).
+LOSS_RTOL = 1e-3
+
+
+def parse_size(text: str) -> Tuple[int, int]:
+    """``'1333x800'`` -> (width, height)."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError as err:
+        raise ValueError(f"--size: expected WxH, e.g. 1333x800, got {text!r}") from err
+    return width, height
+
+
+def config_input_size(cfg: Config) -> Tuple[int, int]:
+    """(width, height) the config's test pipeline resizes to (mmdet's ``Resize`` scale,
+    npudet's ``ResizeMultiViewImages``)."""
+    pipeline = (cfg.get("test_dataloader") or cfg.train_dataloader).dataset.pipeline
+    for step in pipeline:
+        if step["type"] in ("Resize", "ResizeMultiViewImages") and "scale" in step:
+            width, height = step["scale"]
+            return int(width), int(height)
+    raise ValueError("the config's pipeline has no Resize with a scale: pass --size WxH")
+
+
+def is_bev(cfg: Config) -> bool:
+    return cfg.model.type == "BEVFormer"
+
+
+def git_commit(path: str) -> str:
+    """The commit of the repository holding ``path`` ('unknown' outside one)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=os.path.dirname(os.path.abspath(path)),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _repo_relative(path: str) -> str:
+    """``path`` relative to the repository holding npudet if inside it, else its name (no
+    machine paths in stored results)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rel = os.path.relpath(path, root)
+    return os.path.basename(path) if rel.startswith("..") else rel
+
+
+def _median(values: Sequence[float], warmup: int) -> float:
+    kept = list(values[warmup:]) or list(values)
+    return statistics.median(kept)
+
+
+def summarise(runs: Dict[str, Dict[str, Any]], reference: str, warmup: int) -> Dict[str, Any]:
+    """Per run: medians after ``warmup`` (iteration, phases), peak memory, and against
+    ``reference`` the speed-up, memory ratio and per-iteration loss deviations."""
+    ref = runs[reference]
+    ref_iter = _median(ref["iter_ms"], warmup)
+    out = {}
+    for impl, rec in runs.items():
+        iter_ms = _median(rec["iter_ms"], warmup)
+        abs_dev = [abs(a - b) for a, b in zip(rec["loss"], ref["loss"])]
+        rel_dev = [d / max(abs(b), 1e-12) for d, b in zip(abs_dev, ref["loss"])]
+        out[impl] = {
+            "iter_ms": iter_ms,
+            "speedup": ref_iter / iter_ms,
+            "phases_ms": {p: _median(rec["phases"][p], warmup) for p in PHASES},
+            "peak_rss_mb": rec["peak_rss_mb"],
+            "mem_ratio": rec["peak_rss_mb"] / ref["peak_rss_mb"],
+            "loss_abs_dev": abs_dev,
+            "loss_rel_dev": rel_dev,
+            "losses_agree": len(rec["loss"]) == len(ref["loss"])
+            and all(d <= LOSS_RTOL for d in rel_dev),
+        }
+    return out
+
+
+def goals(summary: Dict[str, Any], reference: str) -> Dict[str, Any]:
+    """Issue 35's goals, where the runs allow: ``cpu`` >= 1.5x stock per iteration, no
+    implementation above stock's peak memory, every loss within tolerance."""
+    result: Dict[str, Any] = {
+        "losses_agree": all(s["losses_agree"] for s in summary.values())
+    }
+    if reference == "stock":
+        if "cpu" in summary:
+            result["cpu_speedup_ge_1.5"] = summary["cpu"]["speedup"] >= 1.5
+        result["peak_mem_le_stock"] = {
+            impl: s["mem_ratio"] <= 1.0 for impl, s in summary.items() if impl != "stock"
+        }
+    return result
+
+
+def bench_iteration(
+    config: str,
+    impls: List[str],
+    iters: int,
+    warmup: int,
+    work_dir: str,
+    size: Optional[Tuple[int, int]] = None,
+    seed: int = 0,
+    threads: int = 2,
+    json_out: Optional[str] = None,
+) -> Dict[str, Any]:
+    """Run every implementation of ``impls`` (``stock`` for mmdet + mmcv) for ``iters``
+    iterations and return (and write to ``json_out``) the result; see the module docstring."""
+    from npudet.ops.msda.bench.harness import machine_info
+
+    if warmup >= iters:
+        raise ValueError(f"--warmup {warmup} leaves no timed iteration of --iters {iters}")
+    config = os.path.abspath(config)
+    work_dir = os.path.abspath(work_dir)
+    os.makedirs(work_dir, exist_ok=True)
+    cfg = Config.fromfile(config)
+    width, height = size or config_input_size(cfg)
+    data_root = os.path.join(work_dir, "data")
+    if is_bev(cfg):
+        if "stock" in impls:
+            raise ValueError("stock: mmdet has no BEVFormer; compare npudet's implementations")
+        write_bev_frames(data_root, frames=iters + 3, seed=seed)
+        data = dict(kind="bev", root=data_root, width=width, height=height)
+    else:
+        write_coco_images(data_root, width, height, iters, dataset_classes(cfg), seed)
+        data = dict(kind="coco", root=data_root, width=width, height=height)
+
+    drop_pretrained(cfg)
+    init_path = os.path.join(work_dir, "init_weights.pth")
+    save_initial_weights(cfg, seed, init_path)
+
+    runs: Dict[str, Dict[str, Any]] = {}
+    for impl in impls:
+        print(f"[bench_iteration] {impl}: {iters} iterations", flush=True)
+        spec = dict(
+            config=config,
+            impl=impl,
+            data=data,
+            iters=iters,
+            init_weights=init_path,
+            seed=seed,
+            threads=threads,
+            work_dir=os.path.join(work_dir, impl),
+        )
+        runs[impl] = run_variant(spec, threads, module="npudet.ablation.iteration_child")
+    reference = "stock" if "stock" in runs else impls[0]
+    summary = summarise(runs, reference, warmup)
+    import mmcv
+    import mmdet
+    import torch
+
+    result = {
+        "config": _repo_relative(config),
+        "input": f"{width}x{height}" + (" (x6 cameras, queue of 3)" if is_bev(cfg) else ""),
+        "batch_size": 1,
+        "iters": iters,
+        "warmup": warmup,
+        "seed": seed,
+        "reference": reference,
+        "loss_rtol": LOSS_RTOL,
+        "machine": {**machine_info(), "threads": threads},
+        "versions": {"torch": torch.__version__, "mmdet": mmdet.__version__,
+                     "mmcv": mmcv.__version__},
+        "commit": git_commit(config),
+        "runs": runs,
+        "summary": summary,
+        "goals": goals(summary, reference),
+    }
+    if json_out:
+        write_json_atomic(json_out, result)
+    return result

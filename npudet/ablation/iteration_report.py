@@ -1,0 +1,98 @@
+"""The iteration benchmark's result (:mod:`.iteration_bench`) as a markdown table and a
+stacked bar plot of each run's time split."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from .time_split import PHASES
+
+PHASE_LABELS = {
+    "data": "data",
+    "backbone": "backbone + neck",
+    "msda_fwd": "MSDA fwd",
+    "msda_bwd": "MSDA bwd",
+    "loss_assigner": "loss / assigner",
+    "transformer_rest": "transformer rest",
+    "optimizer": "optimizer",
+    "other": "other",
+}
+PHASE_COLOURS = {
+    "data": "#8c564b",
+    "backbone": "#1f77b4",
+    "msda_fwd": "#d62728",
+    "msda_bwd": "#ff9896",
+    "loss_assigner": "#2ca02c",
+    "transformer_rest": "#9467bd",
+    "optimizer": "#bcbd22",
+    "other": "#c7c7c7",
+}
+
+
+def header(result: Dict[str, Any]) -> str:
+    """One paragraph: what ran, where, and how the numbers are taken."""
+    m = result["machine"]
+    v = result["versions"]
+    timed = result["iters"] - result["warmup"]
+    return (
+        f"`{result['config']}`, input {result['input']}, batch {result['batch_size']}, "
+        f"{result['iters']} iterations ({result['warmup']} warm-up, medians over the "
+        f"{timed} after it), seed {result['seed']}. CPU: {m['cpu_model']} "
+        f"({', '.join(m['cpu_features'])}), ATen capability {m['aten_capability']}, "
+        f"{m['threads']} threads; torch {v['torch']}, mmdet {v['mmdet']}, mmcv {v['mmcv']}; "
+        f"commit {result['commit'][:10]}. Speed-up, memory ratio and loss deviation are "
+        f"against `{result['reference']}`; losses agree when every iteration's relative "
+        f"deviation is <= {result['loss_rtol']:g}."
+    )
+
+
+def markdown_table(result: Dict[str, Any]) -> str:
+    """Rows: runs; columns: iteration time, speed-up, MSDA, the other phases, memory, losses."""
+    cols = [
+        "impl", "iter ms", "speed-up", *(f"{PHASE_LABELS[p]} ms" for p in PHASES),
+        "peak RSS MB", "mem ratio", "losses", "max rel. loss dev.", "agree",
+    ]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for impl, s in result["summary"].items():
+        losses = " ".join(f"{x:.5f}" for x in result["runs"][impl]["loss"])
+        cells: List[str] = [
+            f"`{impl}`",
+            f"{s['iter_ms']:.0f}",
+            f"{s['speedup']:.2f}x",
+            *(f"{s['phases_ms'][p]:.0f}" for p in PHASES),
+            f"{s['peak_rss_mb']:.0f}",
+            f"{s['mem_ratio']:.2f}",
+            losses,
+            f"{max(s['loss_rel_dev'], default=0.0):.1e}",
+            "yes" if s["losses_agree"] else "**no**",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
+    """Median iteration time per run as bars stacked by phase."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    impls = list(result["summary"])
+    fig, ax = plt.subplots(figsize=(1.6 * len(impls) + 3, 4.5))
+    bottom = [0.0] * len(impls)
+    for phase in PHASES:
+        values = [max(result["summary"][i]["phases_ms"][phase], 0.0) / 1e3 for i in impls]
+        ax.bar(impls, values, bottom=bottom, label=PHASE_LABELS[phase],
+               color=PHASE_COLOURS[phase])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, impl in enumerate(impls):
+        s = result["summary"][impl]
+        ax.text(x, bottom[x], f"{s['iter_ms'] / 1e3:.1f} s\n{s['speedup']:.2f}x",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("s per training iteration (median)")
+    ax.set_ylim(0, max(bottom) * 1.2)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
