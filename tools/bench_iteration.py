@@ -16,17 +16,23 @@ import argparse
 import os
 
 from npudet.ablation.iteration_bench import bench_iteration, parse_size
-from npudet.ablation.iteration_report import header, markdown_table, plot_time_split
+from npudet.ablation.iteration_report import header, markdown_table
 from npudet.engine.cli import fail
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
-    parser.add_argument("--impls", default="stock,grid_sample,gather,cpu",
-                        help="comma-separated: stock and/or npudet MSDA implementations")
-    parser.add_argument("--size", default=None,
-                        help="WxH of the generated images (default: the config's test resize)")
+    parser.add_argument(
+        "--impls",
+        default="stock,grid_sample,gather,cpu",
+        help="comma-separated: stock and/or npudet MSDA implementations",
+    )
+    parser.add_argument(
+        "--size",
+        default=None,
+        help="WxH of the generated images (default: the config's test resize)",
+    )
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1, help="iterations left out of medians")
     parser.add_argument("--threads", type=int, default=2)
@@ -50,11 +56,7 @@ def main() -> None:
     except ValueError as err:
         fail(str(err))
     stem = os.path.splitext(args.json)[0]
-    text = f"{header(result)}\n\n{markdown_table(result)}"
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    plot_time_split(result, stem + "_split.png", f"{name}: time per iteration")
-    print(text, end="")
+    print(f"{header(result)}\n\n{markdown_table(result)}", end="")
     print(f"[bench_iteration] wrote {args.json}, {stem}.md, {stem}_split.png")
 
 

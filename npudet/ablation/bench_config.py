@@ -9,38 +9,14 @@ to it), otherwise the config with npudet's keys taken out (``custom_imports``, `
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional
+from typing import Optional
 
 from mmengine.config import Config
 
+from npudet.utils.pretrained import drop_pretrained
+
 # Hooks that rerun MSDA or time it themselves: the benchmark does its own timing.
 DROPPED_HOOKS = {"MSDAProfilerHook", "MSDAParityHook"}
-
-
-def drop_pretrained(cfg: Config) -> List[str]:
-    """Set every ``init_cfg`` of type ``Pretrained`` in ``cfg.model`` to None (keeping any
-    other initialiser of a list), in place; returns where they were (dotted paths).
-
-    The COCO and BEVFormer-tiny configs start their backbone from ``torchvision://resnet50``
-    as mmdet's and BEVFormer's do; benchmarks and tests download nothing.
-    """
-    found: List[str] = []
-
-    def walk(node: Any, path: str) -> None:
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, value in list(items):
-            where = f"{path}.{key}"
-            if key == "init_cfg" and value is not None:
-                cfgs = value if isinstance(value, list) else [value]
-                kept = [c for c in cfgs if c.get("type") != "Pretrained"]
-                if len(kept) < len(cfgs):
-                    node[key] = kept if isinstance(value, list) and kept else None
-                    found.append(where)
-            elif isinstance(value, (dict, list)):
-                walk(value, where)
-
-    walk(cfg.model, "model")
-    return found
 
 
 def mmdet_counterpart(path: str) -> Optional[str]:
@@ -86,7 +62,9 @@ def prepare_for_bench(cfg: Config, work_dir: str, iters: int, seed: int) -> None
     cfg.default_hooks = dict(cfg.get("default_hooks") or {})
     cfg.default_hooks["checkpoint"] = None
     cfg.default_hooks["logger"] = dict(type="LoggerHook", interval=1)
-    cfg.custom_hooks = [h for h in cfg.get("custom_hooks", []) if h.get("type") not in DROPPED_HOOKS]
+    cfg.custom_hooks = [
+        h for h in cfg.get("custom_hooks", []) if h.get("type") not in DROPPED_HOOKS
+    ]
     cfg.visualizer = dict(
         type=cfg.visualizer.type, vis_backends=[dict(type="LocalVisBackend")], name="visualizer"
     )

@@ -20,11 +20,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mmengine.config import Config
 
-from npudet.utils.json_io import write_json_atomic
-
 from .ablate import run_variant, save_initial_weights
 from .bench_config import drop_pretrained
 from .bench_data import dataset_classes, write_bev_frames, write_coco_images
+from .iteration_report import write_outputs
 from .time_split import PHASES
 
 # Losses of two runs agree when |a - b| <= LOSS_RTOL * |b| at every iteration. Why 1e-3:
@@ -117,9 +116,7 @@ def summarise(runs: Dict[str, Dict[str, Any]], reference: str, warmup: int) -> D
 def goals(summary: Dict[str, Any], reference: str) -> Dict[str, Any]:
     """Issue 35's goals, where the runs allow: ``cpu`` >= 1.5x stock per iteration, no
     implementation above stock's peak memory, every loss within tolerance."""
-    result: Dict[str, Any] = {
-        "losses_agree": all(s["losses_agree"] for s in summary.values())
-    }
+    result: Dict[str, Any] = {"losses_agree": all(s["losses_agree"] for s in summary.values())}
     if reference == "stock":
         if "cpu" in summary:
             result["cpu_speedup_ge_1.5"] = summary["cpu"]["speedup"] >= 1.5
@@ -165,7 +162,29 @@ def bench_iteration(
     init_path = os.path.join(work_dir, "init_weights.pth")
     save_initial_weights(cfg, seed, init_path)
 
-    runs: Dict[str, Dict[str, Any]] = {}
+    import mmcv
+    import mmdet
+    import torch
+
+    result: Dict[str, Any] = {
+        "config": _repo_relative(config),
+        "input": f"{width}x{height}" + (" (x6 cameras, queue of 3)" if is_bev(cfg) else ""),
+        "batch_size": 1,
+        "iters": iters,
+        "warmup": warmup,
+        "seed": seed,
+        "impls": impls,
+        "complete": False,
+        "loss_rtol": LOSS_RTOL,
+        "machine": {**machine_info(), "threads": threads},
+        "versions": {
+            "torch": torch.__version__,
+            "mmdet": mmdet.__version__,
+            "mmcv": mmcv.__version__,
+        },
+        "commit": git_commit(config),
+        "runs": {},
+    }
     for impl in impls:
         print(f"[bench_iteration] {impl}: {iters} iterations", flush=True)
         spec = dict(
@@ -178,30 +197,15 @@ def bench_iteration(
             threads=threads,
             work_dir=os.path.join(work_dir, impl),
         )
-        runs[impl] = run_variant(spec, threads, module="npudet.ablation.iteration_child")
-    reference = "stock" if "stock" in runs else impls[0]
-    summary = summarise(runs, reference, warmup)
-    import mmcv
-    import mmdet
-    import torch
-
-    result = {
-        "config": _repo_relative(config),
-        "input": f"{width}x{height}" + (" (x6 cameras, queue of 3)" if is_bev(cfg) else ""),
-        "batch_size": 1,
-        "iters": iters,
-        "warmup": warmup,
-        "seed": seed,
-        "reference": reference,
-        "loss_rtol": LOSS_RTOL,
-        "machine": {**machine_info(), "threads": threads},
-        "versions": {"torch": torch.__version__, "mmdet": mmdet.__version__,
-                     "mmcv": mmcv.__version__},
-        "commit": git_commit(config),
-        "runs": runs,
-        "summary": summary,
-        "goals": goals(summary, reference),
-    }
-    if json_out:
-        write_json_atomic(json_out, result)
+        result["runs"][impl] = run_variant(spec, threads, module="npudet.ablation.iteration_child")
+        # after every run, so an interrupted benchmark keeps the runs that finished
+        result["complete"] = len(result["runs"]) == len(impls)
+        # the reference is stock when asked for, even before its run is in
+        reference = "stock" if "stock" in impls else impls[0]
+        if reference in result["runs"]:
+            result["reference"] = reference
+            result["summary"] = summarise(result["runs"], reference, warmup)
+            result["goals"] = goals(result["summary"], reference)
+            if json_out:
+                write_outputs(result, json_out)
     return result

@@ -3,7 +3,10 @@ stacked bar plot of each run's time split."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List
+
+from npudet.utils.json_io import write_json_atomic
 
 from .time_split import PHASES
 
@@ -34,6 +37,7 @@ def header(result: Dict[str, Any]) -> str:
     m = result["machine"]
     v = result["versions"]
     timed = result["iters"] - result["warmup"]
+    missing = [i for i in result["impls"] if i not in result["runs"]]
     return (
         f"`{result['config']}`, input {result['input']}, batch {result['batch_size']}, "
         f"{result['iters']} iterations ({result['warmup']} warm-up, medians over the "
@@ -43,14 +47,22 @@ def header(result: Dict[str, Any]) -> str:
         f"commit {result['commit'][:10]}. Speed-up, memory ratio and loss deviation are "
         f"against `{result['reference']}`; losses agree when every iteration's relative "
         f"deviation is <= {result['loss_rtol']:g}."
+        + (f" Not run (interrupted): {', '.join(missing)}." if missing else "")
     )
 
 
 def markdown_table(result: Dict[str, Any]) -> str:
     """Rows: runs; columns: iteration time, speed-up, MSDA, the other phases, memory, losses."""
     cols = [
-        "impl", "iter ms", "speed-up", *(f"{PHASE_LABELS[p]} ms" for p in PHASES),
-        "peak RSS MB", "mem ratio", "losses", "max rel. loss dev.", "agree",
+        "impl",
+        "iter ms",
+        "speed-up",
+        *(f"{PHASE_LABELS[p]} ms" for p in PHASES),
+        "peak RSS MB",
+        "mem ratio",
+        "losses",
+        "max rel. loss dev.",
+        "agree",
     ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for impl, s in result["summary"].items():
@@ -82,13 +94,18 @@ def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
     bottom = [0.0] * len(impls)
     for phase in PHASES:
         values = [max(result["summary"][i]["phases_ms"][phase], 0.0) / 1e3 for i in impls]
-        ax.bar(impls, values, bottom=bottom, label=PHASE_LABELS[phase],
-               color=PHASE_COLOURS[phase])
+        ax.bar(impls, values, bottom=bottom, label=PHASE_LABELS[phase], color=PHASE_COLOURS[phase])
         bottom = [b + v for b, v in zip(bottom, values)]
     for x, impl in enumerate(impls):
         s = result["summary"][impl]
-        ax.text(x, bottom[x], f"{s['iter_ms'] / 1e3:.1f} s\n{s['speedup']:.2f}x",
-                ha="center", va="bottom", fontsize=8)
+        ax.text(
+            x,
+            bottom[x],
+            f"{s['iter_ms'] / 1e3:.1f} s\n{s['speedup']:.2f}x",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_ylabel("s per training iteration (median)")
     ax.set_ylim(0, max(bottom) * 1.2)
     ax.set_title(title, fontsize=10)
@@ -96,3 +113,13 @@ def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_outputs(result: Dict[str, Any], json_path: str) -> None:
+    """``json_path``, and next to it ``<stem>.md`` (header + table) and ``<stem>_split.png``."""
+    write_json_atomic(json_path, result)
+    stem = os.path.splitext(json_path)[0]
+    with open(stem + ".md", "w") as f:
+        f.write(f"{header(result)}\n\n{markdown_table(result)}")
+    name = os.path.splitext(os.path.basename(result["config"]))[0]
+    plot_time_split(result, stem + "_split.png", f"{name}: time per iteration")

@@ -86,8 +86,9 @@ def time_mmcv_sampling(timer: MSDATimer) -> Callable[[], None]:
     original = mmcv_msda.multi_scale_deformable_attn_pytorch
 
     def run(call: MSDACall) -> torch.Tensor:
-        return original(call.value, call.spatial_shapes, call.sampling_locations,
-                        call.attention_weights)
+        return original(
+            call.value, call.spatial_shapes, call.sampling_locations, call.attention_weights
+        )
 
     def timed(value, value_spatial_shapes, sampling_locations, attention_weights):  # noqa: ANN001
         call = MSDACall(
@@ -132,8 +133,8 @@ class TimeSplitHook(Hook):
     def before_train(self, runner: Any) -> None:
         model = runner.model.module if hasattr(runner.model, "module") else runner.model
         spans = self._spans = {
-            k: _Span() for k in ("preprocess", "forward", "backbone_fwd", "loss", "backward",
-                                 "optimizer")
+            k: _Span()
+            for k in ("preprocess", "forward", "backbone_fwd", "loss", "backward", "optimizer")
         }
         model.data_preprocessor.register_forward_pre_hook(spans["preprocess"].enter)
         model.data_preprocessor.register_forward_hook(spans["preprocess"].leave)
@@ -189,14 +190,15 @@ class TimeSplitHook(Hook):
         backbone_bwd = max(bwd_end - self._neck_grad_at, 0.0) if self._neck_grad_at else 0.0
         msda_f, msda_b = self.msda.forward_s, self.msda.backward_s
         step = end - self._iter_start
+        forward_rest = s["forward"] - s["backbone_fwd"] - s["loss"] - msda_f
+        backward_rest = s["backward"] - backbone_bwd - msda_b
         phases = {
             "data": self._data_load + s["preprocess"],
             "backbone": s["backbone_fwd"] + backbone_bwd,
             "msda_fwd": msda_f,
             "msda_bwd": msda_b,
             "loss_assigner": s["loss"],
-            "transformer_rest": s["forward"] - s["backbone_fwd"] - s["loss"] - msda_f
-            + s["backward"] - backbone_bwd - msda_b,
+            "transformer_rest": forward_rest + backward_rest,
             "optimizer": s["optimizer"],
         }
         phases["other"] = step - sum(phases.values()) + self._data_load
