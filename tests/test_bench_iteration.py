@@ -44,7 +44,7 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
             "--json",
             str(out),
         ],
-        timeout=400,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())

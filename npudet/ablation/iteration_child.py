@@ -9,8 +9,9 @@
 builds the runner (``stock``: mmdet's config and classes, npudet's plugin never imported,
 see :mod:`.bench_config`), loads the shared initial weights (strict: the same parameter
 names), reseeds, trains N iterations and writes ``WORK_DIR/record.json``: ``loss`` [N],
-``iter_ms`` [N], ``phases`` {phase: [N] ms} (:mod:`.time_split`), ``msda_calls``,
-``peak_rss_mb``, ``detector``, ``msda_layer_classes``, ``msda_impls``, ``npudet_modules``.
+``iter_ms`` [N], ``iter_cpu_ms`` [N], ``phases`` {phase: [N] ms} (:mod:`.time_split`),
+``msda_calls``, ``peak_rss_mb``, ``detector``, ``msda_layer_classes``, ``msda_impls``,
+``npudet_modules``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
         "impl": spec["impl"],
         "loss": recorder.losses,
         "iter_ms": [r["iter_ms"] for r in splitter.records],
+        "iter_cpu_ms": [r["iter_cpu_ms"] for r in splitter.records],
         "phases": {p: [r[p] for r in splitter.records] for p in PHASES},
         "msda_calls": splitter.msda.calls,
         # Linux reports KiB: the peak resident set of this process, the run's own

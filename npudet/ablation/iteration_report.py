@@ -44,9 +44,10 @@ def header(result: Dict[str, Any]) -> str:
         f"{timed} after it), seed {result['seed']}. CPU: {m['cpu_model']} "
         f"({', '.join(m['cpu_features'])}), ATen capability {m['aten_capability']}, "
         f"{m['threads']} threads; torch {v['torch']}, mmdet {v['mmdet']}, mmcv {v['mmcv']}; "
-        f"commit {result['commit'][:10]}. Speed-up, memory ratio and loss deviation are "
-        f"against `{result['reference']}`; losses agree when every iteration's relative "
-        f"deviation is <= {result['loss_rtol']:g}."
+        f"commit {result['commit'][:10]}. Times are wall clock but `iter CPU s` (the "
+        f"process's CPU time, both threads: less moved by other processes on a shared machine). "
+        f"Speed-up, memory ratio and loss deviation are against `{result['reference']}`; "
+        f"losses agree when every iteration's relative deviation is <= {result['loss_rtol']:g}."
         + (f" Not run (interrupted): {', '.join(missing)}." if missing else "")
     )
 
@@ -55,9 +56,11 @@ def markdown_table(result: Dict[str, Any]) -> str:
     """Rows: runs; columns: iteration time, speed-up, MSDA, the other phases, memory, losses."""
     cols = [
         "impl",
-        "iter ms",
+        "iter s",
         "speed-up",
-        *(f"{PHASE_LABELS[p]} ms" for p in PHASES),
+        "iter CPU s",
+        "CPU-time speed-up",
+        *(f"{PHASE_LABELS[p]} s" for p in PHASES),
         "peak RSS MB",
         "mem ratio",
         "losses",
@@ -69,9 +72,11 @@ def markdown_table(result: Dict[str, Any]) -> str:
         losses = " ".join(f"{x:.5f}" for x in result["runs"][impl]["loss"])
         cells: List[str] = [
             f"`{impl}`",
-            f"{s['iter_ms']:.0f}",
+            f"{s['iter_ms'] / 1e3:.1f}",
             f"{s['speedup']:.2f}x",
-            *(f"{s['phases_ms'][p]:.0f}" for p in PHASES),
+            f"{s['iter_cpu_ms'] / 1e3:.1f}",
+            f"{s['cpu_time_speedup']:.2f}x",
+            *(f"{s['phases_ms'][p] / 1e3:.2f}" for p in PHASES),
             f"{s['peak_rss_mb']:.0f}",
             f"{s['mem_ratio']:.2f}",
             losses,

@@ -14,7 +14,8 @@ Per iteration (data loading before it included), in ms:
 - ``optimizer``: gradient clipping, ``step`` and ``zero_grad``;
 - ``other``: the iteration's remainder (loss parsing, other hooks' ``before_train_iter``).
 
-The op timer sees npudet's op through an observer; a stock (mmcv) model routes mmcv's
+Besides the wall time ``iter_ms``, ``iter_cpu_ms`` is the process's CPU time over the
+iteration. The op timer sees npudet's op through an observer; a stock (mmcv) model routes mmcv's
 sampling function through the same timer (:func:`time_mmcv_sampling`).
 """
 
@@ -127,6 +128,7 @@ class TimeSplitHook(Hook):
         self._spans: Dict[str, _Span] = {}
         self._neck_grad_at: Optional[float] = None
         self._last_end = 0.0
+        self._last_end_cpu = 0.0
         self._iter_start = 0.0
         self._data_load = 0.0
 
@@ -151,6 +153,7 @@ class TimeSplitHook(Hook):
         for name in ("step", "zero_grad"):
             _timed_method(wrapper, name, spans["optimizer"])
         self._last_end = time.perf_counter()
+        self._last_end_cpu = time.process_time()
 
     def _watch_features(self, module: Any, args: Any, outputs: Any) -> None:
         """Note when the first gradient reaches the neck's outputs (the start of the
@@ -204,5 +207,9 @@ class TimeSplitHook(Hook):
         phases["other"] = step - sum(phases.values()) + self._data_load
         record = {k: 1e3 * v for k, v in phases.items()}
         record["iter_ms"] = 1e3 * (self._data_load + step)
+        # this process's CPU time over the same span (all its threads): on a shared machine
+        # it moves far less with the other processes' load than the wall time does
+        record["iter_cpu_ms"] = 1e3 * (time.process_time() - self._last_end_cpu)
         self.records.append(record)
         self._last_end = time.perf_counter()
+        self._last_end_cpu = time.process_time()
