@@ -17,7 +17,7 @@ import os
 
 from plugin_util import ROOT, run_tool
 
-from npudet.ablation.iteration_bench import LOSS_RTOL
+from npudet.ablation.iteration_bench import LOSS_RTOLS
 from npudet.ablation.time_split import PHASES
 
 CONFIG = os.path.join(ROOT, "configs", "small", "dino-4scale_r18-tiny_shapes.py")
@@ -77,6 +77,8 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
         if impl != "stock":
             assert run["detector"] == "npudet.models.detectors.dino.DINO"
             assert run["msda_impls"] == {"encoder": impl, "decoder": impl}
-            for got, ref in zip(run["loss"], stock["loss"]):
-                assert abs(got - ref) <= LOSS_RTOL * abs(ref), (impl, run["loss"], stock["loss"])
+            # both iterations are judged: the first on the same weights, the second one
+            # AdamW step later (LOSS_RTOLS says why each bound is what it is)
+            for got, ref, rtol in zip(run["loss"], stock["loss"], LOSS_RTOLS):
+                assert abs(got - ref) <= rtol * abs(ref), (impl, run["loss"], stock["loss"])
         assert result["summary"][impl]["losses_agree"]

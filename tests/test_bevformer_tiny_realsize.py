@@ -5,7 +5,7 @@ The path: a nuScenes ``v1.0-mini`` database (tests/nuscenes_fixture.py: every ta
 JPEGs, devkit-loadable) -> ``tools/create_nuscenes_infos.py`` -> ``tools/train.py`` with the
 shipped config, only the data roots, the pretrained backbone (no downloads), the schedule and
 the worker count overridden. One training iteration (one sample of the train scene), then the
-config's evaluation over the val scenes: the loss must be finite and the evaluation must
+config's evaluation (two val samples): the loss must be finite and the evaluation must
 return nuScenes' metrics (mAP, NDS and the five true-positive errors).
 """
 
@@ -40,7 +40,9 @@ def test_bevformer_tiny_trains_and_evaluates_on_nuscenes_infos(tmp_path) -> None
         ),
         *(f"{loader}.num_workers=0" for loader in ("train_dataloader", "val_dataloader")),
         # one training sample: one iteration at the real size, then the epoch's evaluation
+        # over two val samples (each encodes its queue of three frames: 36 camera images)
         "train_dataloader.dataset.indices=1",
+        "val_dataloader.dataset.indices=2",
         "train_cfg.max_epochs=1",
         "train_cfg.val_interval=1",
         "model.backbone.init_cfg=None",

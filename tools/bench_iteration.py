@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from npudet.ablation.iteration_bench import bench_iteration, parse_size
+from npudet.ablation.iteration_bench import bench_iteration, parse_size, report_again
 from npudet.ablation.iteration_report import header, markdown_table
 from npudet.engine.cli import fail
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config")
+    parser.add_argument("config", nargs="?", help="the config (not with --report-only)")
     parser.add_argument(
         "--impls",
         default="stock,grid_sample,gather,cpu",
@@ -39,7 +39,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--json", required=True, help="output JSON; .md and .png next to it")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: re-judge the runs stored in --json and rewrite it, .md and .png",
+    )
     args = parser.parse_args()
+    if args.report_only:
+        try:
+            result = report_again(args.json)
+        except ValueError as err:
+            fail(str(err))
+        print(f"{header(result)}\n\n{markdown_table(result)}", end="")
+        return
+    if not args.config:
+        fail("a config is needed (or --report-only)")
     name = os.path.splitext(os.path.basename(args.config))[0]
     try:
         result = bench_iteration(

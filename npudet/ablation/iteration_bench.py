@@ -13,6 +13,7 @@ speed-up, memory ratio and loss deviation per iteration.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -26,15 +27,19 @@ from .bench_data import dataset_classes, write_bev_frames, write_coco_images
 from .iteration_report import write_outputs
 from .time_split import PHASES
 
-# Losses of two runs agree when |a - b| <= LOSS_RTOL * |b| at every iteration. Why 1e-3:
-# the implementations sum the same float32 products in other orders (fused loops, grid
-# sampling, gathers), so their MSDA outputs differ by ~1e-6 relative; through the
-# transformer that gives ~1e-6 in the first loss. AdamW's first steps divide each gradient
-# by its own magnitude, so a parameter whose gradient is round-off sized moves by up to
-# lr either way: later iterations' losses differ by up to ~1e-4 relative. 1e-3 leaves a
-# margin over that and is far below any real change (a wrong sampling location or weight
-# moves the loss by percent).
-LOSS_RTOL = 1e-3
+# Losses agree when |a - b| <= LOSS_RTOLS[k] * |b| at iteration k, for the iterations listed.
+# Iteration 0: the same weights and batch, so only float32 round-off differs (the
+# implementations sum the same products in other orders: MSDA outputs ~1e-6 apart, measured
+# 0 to 3e-7 in the loss); 1e-5 leaves a margin and fails on any real change (a wrong sampling
+# location or weight moves the loss by percent). Iteration 1: one AdamW step from gradients
+# that agree to ~1e-6; AdamW's first step is about lr * sign(gradient) for every parameter, so
+# a parameter whose gradient is round-off sized moves by up to lr either way: ~1e-5 to 1e-4
+# in the loss (measured 3e-5), 1e-3 the bound; a wrong gradient flips many signs and fails it.
+# From iteration 2 on the runs are two training trajectories that drift apart: each step
+# amplifies the difference 10-60x (AdamW's normalised steps, the discrete two-stage top-k and
+# Hungarian matching), so 1e-2 by iteration 2 at real size; those deviations are reported,
+# not judged (a float32 tolerance does not exist for them).
+LOSS_RTOLS = (1e-5, 1e-3)
 
 
 def parse_size(text: str) -> Tuple[int, int]:
@@ -113,7 +118,7 @@ def summarise(runs: Dict[str, Dict[str, Any]], reference: str, warmup: int) -> D
             "loss_abs_dev": abs_dev,
             "loss_rel_dev": rel_dev,
             "losses_agree": len(rec["loss"]) == len(ref["loss"])
-            and all(d <= LOSS_RTOL for d in rel_dev),
+            and all(d <= rtol for d, rtol in zip(rel_dev, LOSS_RTOLS)),
         }
     return out
 
@@ -130,6 +135,22 @@ def goals(summary: Dict[str, Any], reference: str) -> Dict[str, Any]:
             impl: s["mem_ratio"] <= 1.0 for impl, s in summary.items() if impl != "stock"
         }
     return result
+
+
+def resummarise(result: Dict[str, Any]) -> bool:
+    """(Re)compute ``result``'s summary and goals from its runs with this module's criteria,
+    in place; False while the reference (stock when asked for, else the first) has not run."""
+    impls = result["impls"]
+    reference = "stock" if "stock" in impls else impls[0]
+    result["complete"] = all(i in result["runs"] for i in impls)
+    if reference not in result["runs"]:
+        return False
+    result.pop("loss_rtol", None)  # a single tolerance, as results before LOSS_RTOLS had
+    result["loss_rtols"] = list(LOSS_RTOLS)
+    result["reference"] = reference
+    result["summary"] = summarise(result["runs"], reference, result["warmup"])
+    result["goals"] = goals(result["summary"], reference)
+    return True
 
 
 def bench_iteration(
@@ -181,7 +202,7 @@ def bench_iteration(
         "seed": seed,
         "impls": impls,
         "complete": False,
-        "loss_rtol": LOSS_RTOL,
+        "loss_rtols": list(LOSS_RTOLS),
         "machine": {**machine_info(), "threads": threads},
         "versions": {
             "torch": torch.__version__,
@@ -205,13 +226,16 @@ def bench_iteration(
         )
         result["runs"][impl] = run_variant(spec, threads, module="npudet.ablation.iteration_child")
         # after every run, so an interrupted benchmark keeps the runs that finished
-        result["complete"] = len(result["runs"]) == len(impls)
-        # the reference is stock when asked for, even before its run is in
-        reference = "stock" if "stock" in impls else impls[0]
-        if reference in result["runs"]:
-            result["reference"] = reference
-            result["summary"] = summarise(result["runs"], reference, warmup)
-            result["goals"] = goals(result["summary"], reference)
-            if json_out:
-                write_outputs(result, json_out)
+        if resummarise(result) and json_out:
+            write_outputs(result, json_out)
+    return result
+
+
+def report_again(json_path: str) -> Dict[str, Any]:
+    """Re-judge a stored result (:func:`resummarise`) and rewrite it with its table and plot."""
+    with open(json_path) as f:
+        result = json.load(f)
+    if not resummarise(result):
+        raise ValueError(f"{json_path}: the reference run {result['impls'][0]!r} is not stored")
+    write_outputs(result, json_path)
     return result

@@ -47,8 +47,10 @@ def header(result: Dict[str, Any]) -> str:
         f"commit {result['commit'][:10]}. Times are wall clock but `iter CPU s` (the "
         f"process's CPU time, both threads: less moved by other processes on a shared machine). "
         f"Speed-up, memory ratio and loss deviation are against `{result['reference']}`; "
-        f"losses agree when every iteration's relative deviation is <= {result['loss_rtol']:g}."
-        + (f" Not run (interrupted): {', '.join(missing)}." if missing else "")
+        f"losses agree when iteration k's relative deviation is <= "
+        f"{', '.join(f'{t:g}' for t in result['loss_rtols'])} for k = 0, 1, ... (later "
+        f"iterations are reported, not judged: npudet.ablation.iteration_bench.LOSS_RTOLS "
+        f"says why)." + (f" Not run (interrupted): {', '.join(missing)}." if missing else "")
     )
 
 
@@ -64,7 +66,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
         "peak RSS MB",
         "mem ratio",
         "losses",
-        "max rel. loss dev.",
+        "rel. loss dev. per iteration",
         "agree",
     ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -80,7 +82,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
             f"{s['peak_rss_mb']:.0f}",
             f"{s['mem_ratio']:.2f}",
             losses,
-            f"{max(s['loss_rel_dev'], default=0.0):.1e}",
+            " ".join(f"{d:.0e}" for d in s["loss_rel_dev"]),
             "yes" if s["losses_agree"] else "**no**",
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -95,7 +97,7 @@ def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     impls = list(result["summary"])
-    fig, ax = plt.subplots(figsize=(1.6 * len(impls) + 3, 4.5))
+    fig, ax = plt.subplots(figsize=(1.6 * len(impls) + 4, 4.5))
     bottom = [0.0] * len(impls)
     for phase in PHASES:
         values = [max(result["summary"][i]["phases_ms"][phase], 0.0) / 1e3 for i in impls]
@@ -113,7 +115,7 @@ def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
         )
     ax.set_ylabel("s per training iteration (median)")
     ax.set_ylim(0, max(bottom) * 1.2)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -127,4 +129,4 @@ def write_outputs(result: Dict[str, Any], json_path: str) -> None:
     with open(stem + ".md", "w") as f:
         f.write(f"{header(result)}\n\n{markdown_table(result)}")
     name = os.path.splitext(os.path.basename(result["config"]))[0]
-    plot_time_split(result, stem + "_split.png", f"{name}: time per iteration")
+    plot_time_split(result, stem + "_split.png", f"{name}\ntime per iteration, {result['input']}")
