@@ -45,13 +45,11 @@ def load_config(path: str, stock: bool) -> Config:
     return cfg
 
 
-def prepare_for_bench(cfg: Config, work_dir: str, iters: int, seed: int) -> None:
-    """Set ``cfg`` up, in place, for ``iters`` timed training iterations: pretrained weights
-    off, seeded, no validation, checkpoints, visualizer backends but the local one, or
-    MSDA-timing hooks of the config's own."""
-    drop_pretrained(cfg)
+def short_training(cfg: Config, work_dir: str, iters: int, seed: int) -> None:
+    """Set ``cfg`` up, in place, for ``iters`` timed training iterations from ``seed``: no
+    validation, test or checkpoints, a log line per iteration, and none of the config's own
+    MSDA-timing hooks (the caller times)."""
     cfg.work_dir = work_dir
-    cfg.load_from = None
     cfg.resume = False
     cfg.randomness = dict(seed=seed, deterministic=False)
     cfg.train_cfg = dict(type="IterBasedTrainLoop", max_iters=iters, val_interval=iters + 1)
@@ -65,7 +63,15 @@ def prepare_for_bench(cfg: Config, work_dir: str, iters: int, seed: int) -> None
     cfg.custom_hooks = [
         h for h in cfg.get("custom_hooks", []) if h.get("type") not in DROPPED_HOOKS
     ]
+    cfg.compile = None
+
+
+def prepare_for_bench(cfg: Config, work_dir: str, iters: int, seed: int) -> None:
+    """:func:`short_training`, plus pretrained weights off (the benchmark loads its own
+    initial weights) and no visualizer backend but the local one."""
+    drop_pretrained(cfg)
+    short_training(cfg, work_dir, iters, seed)
+    cfg.load_from = None
     cfg.visualizer = dict(
         type=cfg.visualizer.type, vis_backends=[dict(type="LocalVisBackend")], name="visualizer"
     )
-    cfg.compile = None

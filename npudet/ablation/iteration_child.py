@@ -16,8 +16,6 @@ names), reseeds, trains N iterations and writes ``WORK_DIR/record.json``: ``loss
 
 from __future__ import annotations
 
-import json
-import os
 import resource
 import sys
 import warnings
@@ -30,7 +28,7 @@ from mmengine.runner import Runner, set_random_seed
 from .bench_config import load_config, prepare_for_bench
 from .bench_data import use_bev_frames, use_coco_images
 from .time_split import PHASES, TimeSplitHook, time_mmcv_sampling
-from .worker import LossRecorderHook
+from .worker import LossRecorderHook, save_record, spec_main
 
 
 class InitialStateHook(Hook):
@@ -103,17 +101,11 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
         "npudet_modules": sorted(m for m in sys.modules if m.startswith("npudet.")),
         "threads": torch.get_num_threads(),
     }
-    with open(os.path.join(spec["work_dir"], "record.json"), "w") as f:
-        json.dump(record, f, indent=1)
-    return record
+    return save_record(spec, record)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        sys.exit("usage: python -m npudet.ablation.iteration_child SPEC_JSON")
-    with open(args[0]) as f:
-        run(json.load(f))
+    spec_main(run, "npudet.ablation.iteration_child", argv)
 
 
 if __name__ == "__main__":
