@@ -18,6 +18,7 @@ import cv2
 import numpy as np
 from mmengine.config import Config, ConfigDict
 
+from npudet.bev.infos.synthetic import CLASSES as BEV_CLASSES
 from npudet.bev.infos.synthetic import make_bev_dataset
 from npudet.datasets.shapes import make_image
 
@@ -106,10 +107,13 @@ def write_bev_frames(root: str, frames: int, seed: int = 0) -> Dict[str, Any]:
 
 def use_bev_frames(cfg: Config, root: str) -> None:
     """Point ``cfg``'s training data at :func:`write_bev_frames`' set, in place; the
-    config's own pipeline (its resize to the model's input size) is kept."""
+    config's own pipeline (its resize to the model's input size) is kept. The set has three
+    of nuScenes' classes (car, truck, pedestrian), which the dataset must be told; the model
+    keeps its head (labels 0-2 of its classes: the same work per iteration)."""
     dataset = cfg.train_dataloader.dataset
     dataset.data_root = root.rstrip("/") + "/"
     dataset.ann_file = "infos_train.json"
+    dataset.metainfo = ConfigDict(classes=list(BEV_CLASSES))
     _single_sample_loader(cfg)
 
 
