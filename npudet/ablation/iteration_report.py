@@ -45,7 +45,7 @@ def header(result: Dict[str, Any]) -> str:
         f"({', '.join(m['cpu_features'])}), ATen capability {m['aten_capability']}, "
         f"{m['threads']} threads; torch {v['torch']}, mmdet {v['mmdet']}, mmcv {v['mmcv']}; "
         f"commit {result['commit'][:10]}. Times are wall clock but `iter CPU s` (the "
-        f"process's CPU time, both threads: less moved by other processes on a shared machine). "
+        f"process's CPU time, both threads; on a loaded machine it grows too, if less). "
         f"Speed-up, memory ratio and loss deviation are against `{result['reference']}`; "
         f"losses agree when iteration k's relative deviation is <= "
         f"{', '.join(f'{t:g}' for t in result['loss_rtols'])} for k = 0, 1, ... (later "

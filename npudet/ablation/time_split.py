@@ -207,8 +207,9 @@ class TimeSplitHook(Hook):
         phases["other"] = step - sum(phases.values()) + self._data_load
         record = {k: 1e3 * v for k, v in phases.items()}
         record["iter_ms"] = 1e3 * (self._data_load + step)
-        # this process's CPU time over the same span (all its threads): on a shared machine
-        # it moves far less with the other processes' load than the wall time does
+        # this process's CPU time over the same span (all its threads): a second view on a
+        # shared machine, where the wall time counts the other processes' turns (the CPU time
+        # grows under load too: threads spin waiting for a descheduled sibling)
         record["iter_cpu_ms"] = 1e3 * (time.process_time() - self._last_end_cpu)
         self.records.append(record)
         self._last_end = time.perf_counter()
