@@ -10,6 +10,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from mmengine.config import Config
 
+from npudet.utils.pretrained import drop_pretrained  # noqa: F401  (the tests' import)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_DETR = os.path.join(ROOT, "configs/small/deformable-detr-refine-twostage_r18-tiny_shapes.py")
 SMALL_DINO = os.path.join(ROOT, "configs/small/dino-4scale_r18-tiny_shapes.py")
@@ -20,31 +22,6 @@ def small_cfg(path: str = SMALL_DETR, **msda: Optional[str]) -> Config:
     if msda:
         cfg.model.msda = {**dict(impl="auto", encoder=None, decoder=None), **msda}
     return cfg
-
-
-def drop_pretrained(cfg: Config) -> List[str]:
-    """Set every ``init_cfg`` of type ``Pretrained`` in ``cfg.model`` to None, in place, and
-    return where they were (dotted paths): the COCO and BEVFormer-tiny configs start their
-    backbone from ``torchvision://resnet50`` as mmdet's and BEVFormer's do, and the tests
-    never download weights."""
-    found = []
-
-    def walk(node, path: str) -> None:
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, value in list(items):
-            where = f"{path}.{key}"
-            if key == "init_cfg" and value is not None:
-                # one init_cfg dict or a list of them: keep the other initialisers
-                cfgs = value if isinstance(value, list) else [value]
-                kept = [c for c in cfgs if c.get("type") != "Pretrained"]
-                if len(kept) < len(cfgs):
-                    node[key] = kept if isinstance(value, list) and kept else None
-                    found.append(where)
-            elif isinstance(value, (dict, list)):
-                walk(value, where)
-
-    walk(cfg.model, "model")
-    return found
 
 
 def build_model(cfg: Config, seed: int = 0) -> torch.nn.Module:

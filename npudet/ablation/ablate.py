@@ -48,8 +48,8 @@ def save_initial_weights(cfg: Config, seed: int, path: str) -> None:
     torch.save({"state_dict": model.state_dict(), "meta": {"seed": seed}}, path)
 
 
-def run_variant(spec: Dict, threads: int) -> Dict:
-    """Train one variant in a child process; returns its record."""
+def run_variant(spec: Dict, threads: int, module: str = "npudet.ablation.worker") -> Dict:
+    """Train one variant in a child process (``python -m module SPEC``); returns its record."""
     os.makedirs(spec["work_dir"], exist_ok=True)
     spec_path = os.path.join(spec["work_dir"], "spec.json")
     with open(spec_path, "w") as f:
@@ -58,7 +58,7 @@ def run_variant(spec: Dict, threads: int) -> Dict:
     log_path = os.path.join(spec["work_dir"], "worker.log")
     with open(log_path, "w") as log:
         proc = subprocess.run(
-            [sys.executable, "-m", "npudet.ablation.worker", spec_path],
+            [sys.executable, "-m", module, spec_path],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -21,7 +21,7 @@ import os
 import resource
 import sys
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 from mmengine.config import Config
@@ -31,8 +31,7 @@ from mmengine.runner import Runner
 
 from npudet.hooks.hook_types import DataBatch, Outputs
 
-# Hooks that would distort the timing (they rerun MSDA) or duplicate the worker's own.
-_DROPPED_HOOKS = {"MSDAProfilerHook", "MSDAParityHook"}
+from .bench_config import short_training
 
 
 class LossRecorderHook(Hook):
@@ -56,23 +55,9 @@ def ablation_config(spec: Dict[str, Any]) -> Config:
     if spec.get("cfg_options"):
         cfg.merge_from_dict(spec["cfg_options"])
     cfg.model.msda = dict(spec["msda"])
-    cfg.work_dir = spec["work_dir"]
+    short_training(cfg, spec["work_dir"], int(spec["iters"]), spec.get("seed", 0))
     cfg.load_from = spec.get("load_from")
-    cfg.resume = False
-    cfg.randomness = dict(seed=spec.get("seed", 0), deterministic=False)
-    iters = int(spec["iters"])
-    cfg.train_cfg = dict(type="IterBasedTrainLoop", max_iters=iters, val_interval=iters + 1)
-    for key in ("val_dataloader", "val_cfg", "val_evaluator"):
-        cfg[key] = None
-    for key in ("test_dataloader", "test_cfg", "test_evaluator"):
-        cfg[key] = None
-    cfg.default_hooks = dict(cfg.get("default_hooks") or {})
-    cfg.default_hooks["checkpoint"] = None
-    cfg.default_hooks["logger"] = dict(type="LoggerHook", interval=1)
-    cfg.custom_hooks = [
-        hook for hook in cfg.get("custom_hooks", []) if hook.get("type") not in _DROPPED_HOOKS
-    ] + [dict(type="MSDAProfilerHook", warmup_iters=0)]
-    cfg.compile = None
+    cfg.custom_hooks.append(dict(type="MSDAProfilerHook", warmup_iters=0))
     if spec.get("compile") is not None:
         cfg.custom_hooks.append(dict(type="TorchCompileHook", **spec["compile"]))
     return cfg
@@ -118,17 +103,29 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
         "torch": torch.__version__,
         "graph_breaks": compiler.recorder.total() if compiler is not None else 0,
     }
+    return save_record(spec, record)
+
+
+def save_record(spec: Dict[str, Any], record: Dict[str, Any]) -> Dict[str, Any]:
+    """Write ``record`` to ``WORK_DIR/record.json`` (what the parent reads); returns it."""
     with open(os.path.join(spec["work_dir"], "record.json"), "w") as f:
         json.dump(record, f, indent=1)
     return record
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def spec_main(
+    run_spec: Callable[[Dict[str, Any]], Any], module: str, argv: Optional[List[str]]
+) -> None:
+    """``python -m MODULE SPEC_JSON``: run ``run_spec`` on the spec file's contents."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        sys.exit("usage: python -m npudet.ablation.worker SPEC_JSON")
+        sys.exit(f"usage: python -m {module} SPEC_JSON")
     with open(args[0]) as f:
-        run(json.load(f))
+        run_spec(json.load(f))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    spec_main(run, "npudet.ablation.worker", argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""The iteration benchmark's result (:mod:`.iteration_bench`) as a markdown table and a
+stacked bar plot of each run's time split."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List
+
+from npudet.utils.json_io import write_json_atomic
+
+from .time_split import PHASES
+
+PHASE_LABELS = {
+    "data": "data",
+    "backbone": "backbone + neck",
+    "msda_fwd": "MSDA fwd",
+    "msda_bwd": "MSDA bwd",
+    "loss_assigner": "loss / assigner",
+    "transformer_rest": "transformer rest",
+    "optimizer": "optimizer",
+    "other": "other",
+}
+PHASE_COLOURS = {
+    "data": "#8c564b",
+    "backbone": "#1f77b4",
+    "msda_fwd": "#d62728",
+    "msda_bwd": "#ff9896",
+    "loss_assigner": "#2ca02c",
+    "transformer_rest": "#9467bd",
+    "optimizer": "#bcbd22",
+    "other": "#c7c7c7",
+}
+
+
+def header(result: Dict[str, Any]) -> str:
+    """One paragraph: what ran, where, and how the numbers are taken."""
+    m = result["machine"]
+    v = result["versions"]
+    timed = result["iters"] - result["warmup"]
+    missing = [i for i in result["impls"] if i not in result["runs"]]
+    return (
+        f"`{result['config']}`, input {result['input']}, batch {result['batch_size']}, "
+        f"{result['iters']} iterations ({result['warmup']} warm-up, medians over the "
+        f"{timed} after it), seed {result['seed']}. CPU: {m['cpu_model']} "
+        f"({', '.join(m['cpu_features'])}), ATen capability {m['aten_capability']}, "
+        f"{m['threads']} threads; torch {v['torch']}, mmdet {v['mmdet']}, mmcv {v['mmcv']}; "
+        f"commit {result['commit'][:10]}. Times are wall clock but `iter CPU s` (the "
+        f"process's CPU time, both threads; on a loaded machine it grows too, if less). "
+        f"Speed-up, memory ratio and loss deviation are against `{result['reference']}`; "
+        f"losses agree when iteration k's relative deviation is <= "
+        f"{', '.join(f'{t:g}' for t in result['loss_rtols'])} for k = 0, 1, ... (later "
+        f"iterations are reported, not judged: npudet.ablation.iteration_bench.LOSS_RTOLS "
+        f"says why)." + (f" Not run (interrupted): {', '.join(missing)}." if missing else "")
+    )
+
+
+def markdown_table(result: Dict[str, Any]) -> str:
+    """Rows: runs; columns: iteration time, speed-up, MSDA, the other phases, memory, losses."""
+    cols = [
+        "impl",
+        "iter s",
+        "speed-up",
+        "iter CPU s",
+        "CPU-time speed-up",
+        *(f"{PHASE_LABELS[p]} s" for p in PHASES),
+        "peak RSS MB",
+        "mem ratio",
+        "losses",
+        "rel. loss dev. per iteration",
+        "agree",
+    ]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for impl, s in result["summary"].items():
+        losses = " ".join(f"{x:.5f}" for x in result["runs"][impl]["loss"])
+        cells: List[str] = [
+            f"`{impl}`",
+            f"{s['iter_ms'] / 1e3:.1f}",
+            f"{s['speedup']:.2f}x",
+            f"{s['iter_cpu_ms'] / 1e3:.1f}",
+            f"{s['cpu_time_speedup']:.2f}x",
+            *(f"{s['phases_ms'][p] / 1e3:.2f}" for p in PHASES),
+            f"{s['peak_rss_mb']:.0f}",
+            f"{s['mem_ratio']:.2f}",
+            losses,
+            " ".join(f"{d:.0e}" for d in s["loss_rel_dev"]),
+            "yes" if s["losses_agree"] else "**no**",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
+    """Median iteration time per run as bars stacked by phase."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    impls = list(result["summary"])
+    fig, ax = plt.subplots(figsize=(1.6 * len(impls) + 4, 4.5))
+    bottom = [0.0] * len(impls)
+    for phase in PHASES:
+        values = [max(result["summary"][i]["phases_ms"][phase], 0.0) / 1e3 for i in impls]
+        ax.bar(impls, values, bottom=bottom, label=PHASE_LABELS[phase], color=PHASE_COLOURS[phase])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for x, impl in enumerate(impls):
+        s = result["summary"][impl]
+        ax.text(
+            x,
+            bottom[x],
+            f"{s['iter_ms'] / 1e3:.1f} s\n{s['speedup']:.2f}x",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.set_ylabel("s per training iteration (median)")
+    ax.set_ylim(0, max(bottom) * 1.2)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(result: Dict[str, Any], json_path: str) -> None:
+    """``json_path``, and next to it ``<stem>.md`` (header + table) and ``<stem>_split.png``."""
+    write_json_atomic(json_path, result)
+    stem = os.path.splitext(json_path)[0]
+    with open(stem + ".md", "w") as f:
+        f.write(f"{header(result)}\n\n{markdown_table(result)}")
+    name = os.path.splitext(os.path.basename(result["config"]))[0]
+    plot_time_split(result, stem + "_split.png", f"{name}\ntime per iteration, {result['input']}")
