@@ -449,3 +449,44 @@ def test_float64_does_not_lower():
     f64["signature"] = {k: v.replace("fp32", "fp64") for k, v in launch.signature.items()}
     (r,) = lower([f64])
     assert not r["lowered"] and "fp64" in r["error"]
+
+
+def _tool_run(code: str) -> None:
+    """A real child process in triton-adapter-opt's place (``check=True``, as triton runs it)."""
+    import sys
+
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_a_crashed_lowering_is_retried_once_and_a_diagnostic_is_not(monkeypatch):
+    """triton-adapter-opt killed by a signal (an MLIR assertion aborts it) is run once more and
+    the crash is reported beside the result; a crash on the rerun, or a tool that exits with a
+    diagnostic, fails as before."""
+    tries = []
+
+    def crash_then(then: str):
+        def fake_lower(fn, signature, constexprs):
+            tries.append(1)
+            _tool_run("import os; os.abort()" if len(tries) == 1 else then)
+            return "ttir", "linalg"
+
+        return fake_lower
+
+    monkeypatch.setattr(ascend_lowering, "lower", crash_then("pass"))
+    ttir, linalg, crash = ascend_lowering.lower_retrying_a_crash(None, {}, {})
+    assert (ttir, linalg, len(tries)) == ("ttir", "linalg", 2) and crash is not None
+    tries.clear()
+    monkeypatch.setattr(ascend_lowering, "lower", crash_then("import os; os.abort()"))
+    with pytest.raises(subprocess.CalledProcessError):
+        ascend_lowering.lower_retrying_a_crash(None, {}, {})
+    assert len(tries) == 2
+    tries.clear()
+
+    def diagnostic(fn, signature, constexprs):
+        tries.append(1)
+        _tool_run("import sys; sys.exit('error: bad op')")
+
+    monkeypatch.setattr(ascend_lowering, "lower", diagnostic)
+    with pytest.raises(subprocess.CalledProcessError):
+        ascend_lowering.lower_retrying_a_crash(None, {}, {})
+    assert len(tries) == 1

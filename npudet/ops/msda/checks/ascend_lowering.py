@@ -561,6 +561,30 @@ def lower(fn, signature: Dict[str, str], constexprs: Dict[str, object]) -> Tuple
     return ttir, ttir_to_linalg(module, metadata, options, named_ops=True)
 
 
+def _crash_reason(error: subprocess.CalledProcessError) -> str:
+    """What a failed triton-adapter-opt printed before its stack dump (the last 2000 chars)."""
+    stderr = error.stderr
+    stderr = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr
+    # A crash prints its reason first, then a stack dump that says nothing more.
+    return (stderr or str(error)).split("PLEASE submit a bug report")[0].strip()[-2000:]
+
+
+def lower_retrying_a_crash(
+    fn, signature: Dict[str, str], constexprs: Dict[str, object]
+) -> Tuple[str, str, Optional[str]]:
+    """``lower``, run once more when triton-adapter-opt was killed by a signal (an MLIR
+    assertion aborts it) rather than exiting with a diagnostic: 3.2.0's binary aborted once
+    ("Malformed type storage object") on a launch that lowered on every rerun. A launch that
+    crashes twice fails. Returns (TTIR, Linalg, the first crash's reason or None)."""
+    try:
+        return (*lower(fn, signature, constexprs), None)
+    except subprocess.CalledProcessError as e:
+        if e.returncode >= 0:  # a diagnostic: the same input fails the same way again
+            raise
+        crash = _crash_reason(e)
+    return (*lower(fn, signature, constexprs), crash)
+
+
 def triton_compile(fn, signature: Dict[str, str], constexprs: Dict[str, object], compiler: str):
     """What ``triton.compile(src, target=GPUTarget("npu", arch, 0))`` does with ``compiler``
     first on ``PATH`` (an NPU user's first call): ``{"triton_compile": "compiled"}`` or the stage
@@ -617,7 +641,9 @@ def run_job(job: dict) -> Tuple[dict, Optional[str]]:
     linalg = None
     try:
         fn = _load_kernel(job["module_path"], job["kernel"])
-        _, linalg = lower(fn, job["signature"], job.get("constexprs", {}))
+        _, linalg, crash = lower_retrying_a_crash(fn, job["signature"], job.get("constexprs", {}))
+        if crash:
+            result["retried_after_crash"] = crash
         result.update(analyze(linalg))
         result["ub_ok"] = result["ub_bytes"] <= UB_LIMIT_BYTES
         result["linalg_lines"] = len(linalg.splitlines())
@@ -631,10 +657,7 @@ def run_job(job: dict) -> Tuple[dict, Optional[str]]:
             probe["triton_compile_same_linalg"] = cached == linalg
             result.update(probe)
     except subprocess.CalledProcessError as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
-        # A crash prints its reason first, then a stack dump that says nothing more.
-        reason = (stderr or str(e)).split("PLEASE submit a bug report")[0].strip()
-        result["error"] = f"triton-adapter-opt failed: {reason[-2000:]}"
+        result["error"] = f"triton-adapter-opt failed: {_crash_reason(e)}"
     except Exception as e:  # reported per job: one kernel failing must not hide the others
         # the reason is at the end (CompilationError starts with the kernel source)
         result["error"] = f"{type(e).__name__}: ...{str(e).strip()[-1000:]}"
