@@ -154,6 +154,9 @@ def test_summarise_compiled_columns():
     assert "compiled" not in markdown_table([plain])
 
 
+# Two minutes on 2 cores; the default run keeps the compiled training of
+# tests/test_compile_train.py and the column's arithmetic (test_summarise_compiled_columns).
+@pytest.mark.slow
 def test_ablate_compiled_column(tiny_shapes, tmp_path):
     """``--compile``: each variant also runs with its forward compiled (aot_eager here:
     the inductor path is tests/test_compile_train.py's), same losses, breaks counted."""
