@@ -12,15 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 
 from npudet.bev.run_record import markdown, store_run
 from npudet.ops.msda.bench.harness import machine_info
-
-
-def _head() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
+from npudet.ops.msda.bench.provenance import git_commit
 
 
 def main() -> None:
@@ -38,7 +33,7 @@ def main() -> None:
         args.work_dir,
         args.out,
         args.name or os.path.basename(os.path.normpath(args.out)),
-        args.commit or _head(),
+        args.commit or git_commit(),
         cpu,
         args.command,
         args.note,

@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from mmengine.config import Config
+
+from npudet.ops.msda.bench.provenance import git_commit
 
 from .ablate import run_variant, save_initial_weights
 from .bench_config import drop_pretrained
@@ -64,21 +65,6 @@ def config_input_size(cfg: Config) -> Tuple[int, int]:
 
 def is_bev(cfg: Config) -> bool:
     return cfg.model.type == "BEVFormer"
-
-
-def git_commit(path: str) -> str:
-    """The commit of the repository holding ``path`` ('unknown' outside one)."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=os.path.dirname(os.path.abspath(path)),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def _repo_relative(path: str) -> str:
@@ -209,7 +195,7 @@ def bench_iteration(
             "mmdet": mmdet.__version__,
             "mmcv": mmcv.__version__,
         },
-        "commit": git_commit(config),
+        "commit": git_commit(),
         "runs": {},
     }
     for impl in impls:
