@@ -14,10 +14,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
+import pytest
 from plugin_util import ROOT, run_tool
 
-from npudet.ablation.iteration_bench import LOSS_RTOLS
+from npudet.ablation.iteration_bench import (
+    LOSS_RTOLS,
+    goals,
+    loss_bounds,
+    summarise,
+)
+from npudet.ablation.roundoff_control import parse_run_name
 from npudet.ablation.time_split import PHASES
 
 CONFIG = os.path.join(ROOT, "configs", "small", "dino-4scale_r18-tiny_shapes.py")
@@ -82,3 +90,66 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
             for got, ref, rtol in zip(run["loss"], stock["loss"], LOSS_RTOLS):
                 assert abs(got - ref) <= rtol * abs(ref), (impl, run["loss"], stock["loss"])
         assert result["summary"][impl]["losses_agree"]
+
+
+def _run(losses):
+    return {"loss": losses, "iter_ms": [1.0] * len(losses), "iter_cpu_ms": [1.0] * len(losses),
+            "phases": {p: [0.0] * len(losses) for p in PHASES}, "peak_rss_mb": 100.0}  # fmt: skip
+
+
+def test_round_off_control_widens_only_its_iterations_bounds() -> None:
+    """``stock@1`` (stock on one thread) deviates 2e-3 at iteration 1: a run within 3x that
+    agrees, one beyond it does not, iteration 0 keeps 1e-5; the control is not judged."""
+    runs = {
+        "stock": _run([10.0, 5.0, 4.0]),
+        "stock@1": _run([10.0, 5.01, 4.2]),
+        "cpu": _run([10.0, 4.98, 4.5]),  # 4e-3 at iteration 1: within 3 x 2e-3
+        "gather": _run([10.0, 5.04, 4.0]),  # 8e-3: beyond it
+        "grid_sample": _run([10.001, 5.0, 4.0]),  # 1e-4 at iteration 0: beyond 1e-5
+    }
+    assert loss_bounds(runs, "stock") == pytest.approx([LOSS_RTOLS[0], 6e-3])
+    summary = summarise(runs, "stock", warmup=0)
+    agree = {impl: s["losses_agree"] for impl, s in summary.items() if not s["control"]}
+    assert agree == {"stock": True, "cpu": True, "gather": False, "grid_sample": False}
+    assert summary["stock@1"]["control"] and not goals(summary, "stock")["losses_agree"]
+    assert loss_bounds({k: runs[k] for k in ("stock", "cpu")}, "stock") == list(LOSS_RTOLS)
+
+
+def test_control_names() -> None:
+    assert parse_run_name("cpu") == ("cpu", None, False) and not parse_run_name("cpu").control
+    assert parse_run_name("stock+ulp@1") == ("stock", 1, True)
+    assert parse_run_name("stock@2").control and parse_run_name("stock+ulp").control
+
+
+@pytest.mark.parametrize(
+    "name,why",
+    [("stock@0", "IMPL@THREADS"), ("cpu@x", "IMPL@THREADS"), ("cpu@", "IMPL@THREADS"),
+     ("cpu+ulp", "stock[+]ulp"), ("stock+half", "stock[+]ulp")],
+)  # fmt: skip
+def test_bad_control_name_names_the_run(name, why) -> None:
+    with pytest.raises(ValueError, match=f"'{re.escape(name)}'.*{why}"):
+        parse_run_name(name)
+
+
+def test_ulp_control_changes_mmcv_output_by_one_ulp_and_undoes() -> None:
+    import torch
+    from mmcv.ops import multi_scale_deform_attn as mmcv_msda
+
+    from npudet.ablation.roundoff_control import perturb_mmcv_output
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = torch.tensor([[4, 5], [2, 3]])
+    value = torch.randn(1, 26, 2, 8, generator=gen)
+    loc = torch.rand(1, 7, 2, 2, 3, 2, generator=gen)
+    weights = torch.rand(1, 7, 2, 2, 3, generator=gen)
+    want = mmcv_msda.multi_scale_deformable_attn_pytorch(value, shapes, loc, weights)
+    state = torch.get_rng_state()
+    undo = perturb_mmcv_output(seed=0)
+    got = mmcv_msda.multi_scale_deformable_attn_pytorch(value, shapes, loc, weights)
+    undo()
+    assert torch.equal(torch.get_rng_state(), state)  # the run's random state is untouched
+    rel = ((got - want) / want).abs()
+    # one ulp of 1 times the value, rounded to the value's own ulp: at most 2 ulps relative
+    assert rel.max() <= 2.0**-22 and (rel > 0).float().mean() > 0.9
+    again = mmcv_msda.multi_scale_deformable_attn_pytorch(value, shapes, loc, weights)
+    assert torch.equal(again, want)

@@ -26,7 +26,8 @@ def main() -> None:
     parser.add_argument(
         "--impls",
         default="stock,grid_sample,gather,cpu",
-        help="comma-separated: stock and/or npudet MSDA implementations",
+        help="comma-separated: stock and/or npudet MSDA implementations; IMPL@T runs IMPL on "
+        "T threads, a round-off control (e.g. stock@1)",
     )
     parser.add_argument(
         "--size",
@@ -39,6 +40,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--json", required=True, help="output JSON; .md and .png next to it")
+    parser.add_argument(
+        "--keep-runs",
+        action="store_true",
+        help="keep the runs stored in --json (same config, size, iterations, seed); run the rest",
+    )
     parser.add_argument(
         "--report-only",
         action="store_true",
@@ -66,6 +72,7 @@ def main() -> None:
             seed=args.seed,
             threads=args.threads,
             json_out=args.json,
+            keep_runs=args.keep_runs,
         )
     except ValueError as err:
         fail(str(err))

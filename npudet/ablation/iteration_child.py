@@ -2,7 +2,8 @@
 
 ``python -m npudet.ablation.iteration_child SPEC_JSON`` reads::
 
-    {"config": path, "impl": "stock" | an MSDA implementation, "data": {"kind": "coco" |
+    {"config": path, "impl": "stock" | an MSDA implementation, "perturb_ulp": false,
+     "data": {"kind": "coco" |
      "bev", "root": dir, "width": W, "height": H}, "iters": N, "init_weights": path,
      "seed": 0, "threads": 2, "work_dir": dir}
 
@@ -27,6 +28,7 @@ from mmengine.runner import Runner, set_random_seed
 
 from .bench_config import load_config, prepare_for_bench
 from .bench_data import use_bev_frames, use_coco_images
+from .roundoff_control import perturb_mmcv_output
 from .time_split import PHASES, TimeSplitHook, time_mmcv_sampling
 from .worker import LossRecorderHook, save_record, spec_main
 
@@ -79,11 +81,15 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
     recorder = LossRecorderHook()
     for hook in (InitialStateHook(spec["init_weights"], int(spec["seed"])), splitter, recorder):
         runner.register_hook(hook)
+    # The perturbation first, so the timer wraps (and times) the perturbed sampling.
+    undo_ulp = perturb_mmcv_output(int(spec["seed"])) if spec.get("perturb_ulp") else None
     undo = time_mmcv_sampling(splitter.msda) if stock else (lambda: None)
     try:
         runner.train()
     finally:
         undo()
+        if undo_ulp is not None:
+            undo_ulp()
 
     model = runner.model.module if hasattr(runner.model, "module") else runner.model
     record = {

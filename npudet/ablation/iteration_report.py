@@ -38,6 +38,23 @@ def header(result: Dict[str, Any]) -> str:
     v = result["versions"]
     timed = result["iters"] - result["warmup"]
     missing = [i for i in result["impls"] if i not in result["runs"]]
+    bounds = result.get("loss_bounds", result["loss_rtols"])
+    controls = [name for name in result["runs"] if "@" in name]
+    widened = (
+        f" ({', '.join(f'`{c}`' for c in controls)}: the reference on another thread count, a "
+        f"round-off control; the bounds are {result['loss_rtols']} widened to "
+        f"{result.get('control_factor', 0):g}x its deviation; controls are not judged)"
+        if controls
+        else ""
+    )
+    run_commits = {n: r["commit"][:10] for n, r in result["runs"].items() if "commit" in r}
+    commits = (
+        " Runs added later, at their commits: "
+        + ", ".join(f"`{n}` {c}" for n, c in run_commits.items())
+        + "."
+        if run_commits
+        else ""
+    )
     return (
         f"`{result['config']}`, input {result['input']}, batch {result['batch_size']}, "
         f"{result['iters']} iterations ({result['warmup']} warm-up, medians over the "
@@ -48,9 +65,11 @@ def header(result: Dict[str, Any]) -> str:
         f"process's CPU time, both threads; on a loaded machine it grows too, if less). "
         f"Speed-up, memory ratio and loss deviation are against `{result['reference']}`; "
         f"losses agree when iteration k's relative deviation is <= "
-        f"{', '.join(f'{t:g}' for t in result['loss_rtols'])} for k = 0, 1, ... (later "
+        f"{', '.join(f'{t:g}' for t in bounds)} for k = 0, 1, ...{widened} (later "
         f"iterations are reported, not judged: npudet.ablation.iteration_bench.LOSS_RTOLS "
-        f"says why)." + (f" Not run (interrupted): {', '.join(missing)}." if missing else "")
+        f"says why)."
+        + (f" Not run (interrupted): {', '.join(missing)}." if missing else "")
+        + commits
     )
 
 
@@ -83,7 +102,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
             f"{s['mem_ratio']:.2f}",
             losses,
             " ".join(f"{d:.0e}" for d in s["loss_rel_dev"]),
-            "yes" if s["losses_agree"] else "**no**",
+            "control" if s.get("control") else "yes" if s["losses_agree"] else "**no**",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
