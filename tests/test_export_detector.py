@@ -16,15 +16,15 @@ import pytest
 import torch
 from mmdet.structures import DetDataSample
 from mmengine.config import Config
+from onnx_run_util import op_types, run_onnx, untied
 from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool
 
-from npudet.deploy.detector import DetectorGraph
-from npudet.deploy.export import example_images, export_onnx, main
+from npudet.deploy.detector import DetectorGraph, example_images
+from npudet.deploy.export import export_onnx, main
 from npudet.models.detectors import apply_msda_cfg
 
 EXPORT = (2, 128, 160)  # batch, height, width traced
 RUNS = [(1, 96, 128), (2, 96, 128), (1, 160, 96), (2, 160, 96)]  # other sizes, batch 1 and 2
-TIE = 1e-6  # scores closer than this may swap places between runtimes
 
 
 def tiny_config(tmp_path, base: str, extra: str = "") -> str:
@@ -58,12 +58,6 @@ def reference(model: torch.nn.Module, images: torch.Tensor):
     return [
         (r.pred_instances.bboxes, r.pred_instances.scores, r.pred_instances.labels) for r in results
     ]
-
-
-def untied(scores: np.ndarray) -> np.ndarray:
-    """(N,) True where a score (sorted descending) is apart from both neighbours."""
-    gaps = np.abs(np.diff(scores)) > TIE
-    return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
 def assert_matches(got, want, height: int, width: int) -> dict:
@@ -117,21 +111,9 @@ def detr_fused(tmp_path_factory):
     return export_with_tool(tmp_path_factory.mktemp("export_fused"), SMALL_DETR, "onnx", "npudet")
 
 
-def run_onnx(path, images: torch.Tensor, library=None):
-    """ONNX Runtime (CPU; with the custom-op ``library`` registered if given) on ``images``:
-    [boxes, scores, labels] as numpy."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if library is not None:
-        options.register_custom_ops_library(str(library))
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"images": images.numpy()})
-
-
-def op_types(path) -> list:
-    """The op types of an ONNX file's nodes, as (domain, op_type)."""
-    return [(node.domain, node.op_type) for node in onnx.load(str(path)).graph.node]
+def run_images(path, images: torch.Tensor, library=None):
+    """ONNX Runtime on ``images``: [boxes, scores, labels] as numpy."""
+    return run_onnx(path, {"images": images.numpy()}, library)
 
 
 def check_size(exported: dict, run, batch: int, height: int, width: int) -> dict:
@@ -164,7 +146,7 @@ def test_onnx_graph_is_plain_onnx_with_dynamic_batch_and_size(detr):
 
 @pytest.mark.parametrize("batch,height,width", RUNS)
 def test_onnx_runtime_matches_pytorch_at_other_sizes(detr, batch, height, width):
-    check_size(detr, lambda images: run_onnx(detr["out"], images), batch, height, width)
+    check_size(detr, lambda images: run_images(detr["out"], images), batch, height, width)
 
 
 def test_fused_node_graph_has_one_node_per_msda_layer(detr, detr_fused):
@@ -182,7 +164,7 @@ def test_fused_node_runs_in_onnx_runtime_through_the_library(detr_fused, batch, 
     from npudet.deploy import ort_library
 
     library = ort_library()
-    run = lambda images: run_onnx(detr_fused["out"], images, library)  # noqa: E731
+    run = lambda images: run_images(detr_fused["out"], images, library)  # noqa: E731
     check_size(detr_fused, run, batch, height, width)
 
 
@@ -209,7 +191,7 @@ def test_engine_flavours_keep_the_node_contract(tmp_path, flavour, node):
 @pytest.mark.slow
 def test_dino_onnx_matches_pytorch(tmp_path):
     exported = export_with_tool(tmp_path, SMALL_DINO, "onnx")
-    check_runs(exported, lambda images: run_onnx(exported["out"], images))
+    check_runs(exported, lambda images: run_images(exported["out"], images))
 
 
 @pytest.mark.slow
@@ -243,8 +225,9 @@ def test_export_path_equals_mmdet_path_in_eager(tmp_path, config, extra):
 
 
 def test_export_names_a_bad_msda_node_and_family(detr, tmp_path):
+    images = (example_images(*EXPORT),)
     with pytest.raises(ValueError, match=r"msda_node: expected one of .*gridsample.*, got 'trt'"):
-        export_onnx(DetectorGraph(detr["model"]), example_images(*EXPORT), tmp_path / "x", "trt")
+        export_onnx(DetectorGraph(detr["model"]), images, tmp_path / "x", "trt")
     with pytest.raises(TypeError, match="detector: expected one of npudet's DeformableDETR"):
         DetectorGraph(torch.nn.Linear(2, 2))
 
