@@ -77,9 +77,9 @@ def export_onnx(
     """Write ``graph`` traced at ``inputs`` (``graph.example_inputs``) as ONNX to ``out``,
     its inputs and outputs named as the graph names them (``DetectorGraph``: ``images``
     (B, 3, H, W) -> ``boxes`` (B, N, 4), ``scores`` (B, N), ``labels`` (B, N); ``BEVGraph``:
-    see there); B, H, W dynamic. ``msda_node`` picks how MSDA appears (``MSDA_NODES``: plain GridSample, or one fused node
-    per layer in ``npudet.deploy.onnx_nodes``'s flavours); ValueError naming ``msda_node``
-    for any other string."""
+    see there); B, H, W dynamic. ``msda_node`` picks how MSDA appears (``MSDA_NODES``: plain
+    GridSample, or one fused node per layer in ``npudet.deploy.onnx_nodes``'s flavours);
+    ValueError naming ``msda_node`` for any other string."""
     check_flavour(msda_node)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
