@@ -75,13 +75,17 @@ def test_sca_rebatch_matches_naive_loop() -> None:
     ).eval()
     for p in sca.parameters():
         torch.nn.init.normal_(p, std=0.3)
-    starts = None  # derived from the pairs
-    feats, shapes = flatten_levels([torch.randn(b, n, c, 8, 12), torch.randn(b, n, c, 4, 6)])
+    feats, shapes, starts = flatten_levels(
+        [torch.randn(b, n, c, 8, 12), torch.randn(b, n, c, 4, 6)]
+    )
     l2i = sca_test_cameras(b, n)
     query = torch.randn(b, bev_hw[0] * bev_hw[1], c)
     out = sca(query, feats, shapes, starts, l2i, IMG_HW, bev_hw)
     ref = naive_sca(sca, query, feats, shapes, starts, l2i, bev_hw)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    sca.packed = False  # every cell in every camera, the unseen masked: the export's form
+    unpacked = sca(query, feats, shapes, starts, l2i, IMG_HW, bev_hw)
+    torch.testing.assert_close(unpacked, out, atol=1e-6, rtol=0)
 
 
 def test_tsa_alignment() -> None:

@@ -46,7 +46,8 @@ class BEVGraph(nn.Module):
     Outputs: boxes (B, K, 9) (x, y, z, w, l, h, yaw, vx, vy) in the ego frame, scores (B, K)
     descending, labels (B, K) int64, next_bev (B, Q, C), with Q = bev_h * bev_w and
     K = ``test_cfg.max_per_img`` (at most queries x classes): ``BEVFormer.predict`` per sample.
-    A model built with ``use_temporal=False`` treats every frame as the first.
+    A model built with ``use_temporal=False`` treats every frame as the first. Wrapping
+    puts the model in eval mode with its spatial cross-attention unpacked (both stay so).
     """
 
     input_names = ("images", "lidar2img", "prev_bev", "cur2prev", "prev_valid")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from mmcv.cnn.bricks.transformer import FFN
@@ -24,7 +24,8 @@ class CameraFeatures(NamedTuple):
     """What spatial cross-attention samples: flattened camera levels and their geometry."""
 
     feats: Tensor  # (B, N, keys, C)
-    spatial_shapes: LevelPairs  # (h, w) per level
+    spatial_shapes: Union[Tensor, LevelPairs]  # (levels, 2) long, or (h, w) pairs
+    level_start_index: Optional[Tensor]  # (levels,) long, or None with pairs
     lidar2img: Tensor  # (B, N, 4, 4)
     img_shape: Tuple[int, int]
 
@@ -82,7 +83,7 @@ class BEVFormerEncoderLayer(BaseModule):
                 query,
                 camera.feats,
                 camera.spatial_shapes,
-                None,
+                camera.level_start_index,
                 camera.lidar2img,
                 camera.img_shape,
                 bev.hw,
@@ -194,7 +195,7 @@ class BEVFormerEncoder(BaseModule):
             f + (self.cams_embeds[:n, :, None, None] + self.level_embeds[lvl, :, None, None])
             for lvl, f in enumerate(mlvl_feats)
         ]
-        feats, shapes = flatten_levels(mlvl)
+        feats, shapes, starts = flatten_levels(mlvl)
         query = self.bev_embedding.weight[None].expand(b, -1, -1)
         pos = self.bev_pos(device)[None].expand(b, -1, -1)
         if prev_bev is None:
@@ -205,7 +206,7 @@ class BEVFormerEncoder(BaseModule):
             bev = self.geometry(b, device, cur2prev, prev_valid)
         if prev_valid is not None:
             prev_valid = prev_valid.to(device)
-        camera = CameraFeatures(feats, shapes, lidar2img, img_shape)
+        camera = CameraFeatures(feats, shapes, starts, lidar2img, img_shape)
         for layer in self.layers:
             query = layer(query, pos, bev, camera, prev_bev, prev_valid)
         return query

@@ -21,6 +21,7 @@ from npudet.models.layers import convert_msda
 
 from .box_coder import CODE_SIZE, BEVBoxCoder
 from .history_velocity import HistoryVelocity
+from .levels import msda_levels
 from .temporal_self_attention import bev_reference_points
 
 
@@ -201,13 +202,14 @@ class BEVDetrHead(BaseModule):
 
         With ``two_stage`` the lists start with the proposals (B, Q, K), (B, Q, 10).
         The previous frame (``prev_bev`` (B, Q, C), ``cur2prev`` (B, 4, 4) the ego motion,
-        ``prev_valid`` (B,))
-        is read by ``history_velocity`` only; without it the current BEV stands in.
+        ``prev_valid`` (B,)) is read by ``history_velocity`` only; without it the current BEV
+        stands in.
         """
         query, pos, ref, enc = self.initial_queries(bev)
         if self.history_velocity is not None:
             history = self.history_velocity.project(bev, self.bev_hw, prev_bev, prev_valid)
         all_cls, all_codes = enc[:1], enc[1:]
+        shapes, starts = msda_levels([self.bev_hw], bev.device)
         for i, (layer, cls_b, reg_b) in enumerate(
             zip(self.decoder, self.cls_branches, self.reg_branches)
         ):
@@ -218,9 +220,8 @@ class BEVDetrHead(BaseModule):
                 value=bev,
                 query_pos=pos,
                 reference_points=ref[:, :, None],
-                # one level as an (H, W) pair: no shapes tensor for an exporter to read back
-                spatial_shapes=[self.bev_hw],
-                level_start_index=None,
+                spatial_shapes=shapes,
+                level_start_index=starts,
             )
             codes = refine_codes(ref, reg_b(query))
             if self.history_velocity is not None:

@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from npudet.nn import DeformableAttention
 from npudet.ops.msda import LevelPairs, check_impl_name
 
+from .levels import msda_levels
+
 
 def bev_pillar_points(
     bev_h: int, bev_w: int, num_z: int, pc_range: Sequence[float], device: torch.device
@@ -200,8 +202,12 @@ class SpatialCrossAttention(DeformableAttention, BaseModule):
         return self.dropout(self.output_proj(slots)) + identity
 
 
-def flatten_levels(mlvl_feats: List[Tensor]) -> Tuple[Tensor, LevelPairs]:
-    """List of (B, N, C, h, w) -> feats (B, N, sum h*w, C) and the levels' (h, w) pairs (the
-    maps' sizes: symbolic while an export traces, so the image size stays dynamic)."""
+def flatten_levels(
+    mlvl_feats: List[Tensor],
+) -> Tuple[Tensor, Union[Tensor, LevelPairs], Optional[Tensor]]:
+    """List of (B, N, C, h, w) -> feats (B, N, sum h*w, C), spatial_shapes, level_start_index
+    (:func:`~npudet.bev.models.levels.msda_levels` of the maps' sizes: tensors, or while
+    exporting the (h, w) pairs, so the image size stays dynamic)."""
+    feats = torch.cat([f.flatten(3).transpose(2, 3) for f in mlvl_feats], 2)
     pairs = [(f.shape[-2], f.shape[-1]) for f in mlvl_feats]
-    return torch.cat([f.flatten(3).transpose(2, 3) for f in mlvl_feats], 2), pairs
+    return (feats, *msda_levels(pairs, feats.device))

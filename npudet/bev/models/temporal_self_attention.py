@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from npudet.nn import DeformableAttention
 from npudet.ops.msda import check_impl_name
 
+from .levels import msda_levels
+
 
 def bev_reference_points(bev_h: int, bev_w: int, device: torch.device) -> Tensor:
     """Normalised (u, v) centres of the BEV cells, (bev_h * bev_w, 2); u along x, v along y."""
@@ -104,9 +106,9 @@ class TemporalSelfAttention(DeformableAttention, BaseModule):
             query = query + query_pos
         value = self.project_value(torch.stack([prev_bev, query], 1).flatten(0, 1))
         refs = torch.stack([ref_prev, ref.expand(b, q, 2)], 1).flatten(0, 1)  # (B*T, Q, 2)
-        # The level as an (H, W) pair: no shapes tensor for an exporter to read back.
+        shapes, starts = msda_levels([bev_hw], query.device)
         out = self.deformable_attend(
-            torch.cat([prev_bev, query], -1), value, refs[:, :, None], [bev_hw], None
+            torch.cat([prev_bev, query], -1), value, refs[:, :, None], shapes, starts
         )
         out = out.view(b, self.num_groups, q, c).mean(1)
         return self.dropout(self.output_proj(out)) + identity
