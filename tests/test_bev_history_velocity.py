@@ -9,7 +9,7 @@ import torch
 from bev_util import PC_RANGE, random_batch, small_model
 
 from npudet.bev.models import HistoryVelocity
-from npudet.bev.models.temporal_self_attention import bev_reference_points
+from npudet.bev.models.temporal_self_attention import bev_reference_points, ego_motion
 
 BEV_HW = (20, 20)  # 1 m cells over PC_RANGE's 20 m
 
@@ -63,7 +63,7 @@ def test_static_point_at_the_centre_after_ego_move_and_turn() -> None:
     world = torch.tensor([[14.0, 8.0, 0.0, 1.0]], dtype=torch.float64).T
     in_cur = (torch.linalg.inv(cur[0]) @ world)[:2, 0].float()
     in_prev = (torch.linalg.inv(prev[0]) @ world)[:2, 0].float()
-    got = hv.window(to_uv(in_cur[None, None]), coordinate_map(hv), cur, prev)[0, 0]
+    got = hv.window(to_uv(in_cur[None, None]), coordinate_map(hv), ego_motion(cur, prev))[0, 0]
     torch.testing.assert_close(got[12], in_prev, atol=1e-4, rtol=0)  # the window's centre
     # an object now at in_cur that moved (+1, -2) m in the current ego frame since the
     # previous frame was at in_cur - (1, -2): the window point at offset (-1, +2)
@@ -80,8 +80,7 @@ def test_without_a_previous_frame_the_window_stays_put() -> None:
     got = hv.window(
         centre,
         coordinate_map(hv, 2),
-        cur.expand(2, -1, -1),
-        prev.expand(2, -1, -1),
+        ego_motion(cur, prev).expand(2, -1, -1),
         valid,
     )
     torch.testing.assert_close(got[1, 0, 4], torch.tensor([2.0, 1.0]), atol=1e-4, rtol=0)
@@ -103,10 +102,7 @@ def test_head_velocity_comes_from_the_previous_bev() -> None:
     model = small_model(two_stage=True, history_velocity=dict(window=3, dims=4, hidden=16)).eval()
     bev = torch.randn(2, 64, 32)
     prev = torch.randn(2, 64, 32)
-    poses = dict(
-        ego2global=pose(1.0, 0.0, 0.1).expand(2, -1, -1).clone(),
-        ego2global_prev=pose(0.0, 0.0, 0.0).expand(2, -1, -1).clone(),
-    )
+    poses = dict(cur2prev=ego_motion(pose(1.0, 0.0, 0.1), pose(0.0, 0.0, 0.0)).expand(2, -1, -1))
     with torch.no_grad():
         _, codes_a = model.bbox_head(bev, prev_bev=prev, **poses)
         _, codes_b = model.bbox_head(bev, prev_bev=prev + 1.0, **poses)

@@ -16,6 +16,7 @@ from npudet.bev.models.spatial_cross_attention import (
 )
 from npudet.bev.models.temporal_self_attention import (
     bev_reference_points,
+    ego_motion,
     prev_reference_points,
 )
 
@@ -82,17 +83,20 @@ def test_sca_rebatch_matches_naive_loop() -> None:
     out = sca(query, feats, shapes, starts, l2i, IMG_HW, bev_hw)
     ref = naive_sca(sca, query, feats, shapes, starts, l2i, bev_hw)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    sca.packed = False  # every cell in every camera, the unseen masked: the export's form
+    unpacked = sca(query, feats, shapes, starts, l2i, IMG_HW, bev_hw)
+    torch.testing.assert_close(unpacked, out, atol=1e-6, rtol=0)
 
 
 def test_tsa_alignment() -> None:
     ref = bev_reference_points(4, 5, torch.device("cpu"))
     eye = torch.eye(4, dtype=torch.float64)[None]
-    torch.testing.assert_close(prev_reference_points(ref, eye, eye, PC_RANGE)[0], ref)
+    torch.testing.assert_close(prev_reference_points(ref, ego_motion(eye, eye), PC_RANGE)[0], ref)
     prev = eye.clone()
     cur = eye.clone()
     cur[0, 0, 3] = 2.0  # the ego moved 2 m forward (+x) since the previous frame
     cur[0, 1, 3] = -1.0  # and 1 m right
-    moved = prev_reference_points(ref, cur, prev, PC_RANGE)[0]
+    moved = prev_reference_points(ref, ego_motion(cur, prev), PC_RANGE)[0]
     shift = torch.tensor([2.0 / 20.0, -1.0 / 20.0])
     torch.testing.assert_close(moved - ref, shift.expand_as(ref))
 
@@ -200,11 +204,11 @@ def test_encoder_missing_prev_frame_uses_current_queries() -> None:
     enc = tiny_encoder().eval()
     feats = [torch.randn(2, 2, 16, 8, 12)]
     l2i = ring_lidar2img(2)[None].repeat(2, 1, 1, 1)
-    ego = torch.eye(4, dtype=torch.float64)[None].repeat(2, 1, 1)
+    still = torch.eye(4, dtype=torch.float64)[None].repeat(2, 1, 1)  # no ego motion
     prev = torch.randn(2, 20, 16)
     none = enc(feats, l2i, IMG_HW)
-    masked = enc(feats, l2i, IMG_HW, prev, ego, ego, torch.tensor([False, True]))
-    with_prev = enc(feats, l2i, IMG_HW, prev, ego, ego, torch.tensor([True, True]))
+    masked = enc(feats, l2i, IMG_HW, prev, still, torch.tensor([False, True]))
+    with_prev = enc(feats, l2i, IMG_HW, prev, still, torch.tensor([True, True]))
     torch.testing.assert_close(masked[0], none[0])
     torch.testing.assert_close(masked[1], with_prev[1])
     assert not torch.allclose(masked[1], none[1])

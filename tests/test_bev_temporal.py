@@ -15,6 +15,7 @@ from bev_util import random_batch, small_model, tiny_bev_set, tiny_encoder
 from plugin_util import ROOT, run_tool
 
 from npudet.bev.models import BEVFormer
+from npudet.bev.models.temporal_self_attention import ego_motion
 
 # 1 m cells on a grid 20 wide (x) and 16 tall (y): a row / column mix-up cannot pass
 PC_RANGE = (-10.0, -8.0, -2.0, 10.0, 8.0, 2.0)
@@ -55,7 +56,7 @@ def align(prev_map: torch.Tensor, ego_cur: torch.Tensor, ego_prev: torch.Tensor)
         for linear in (tsa.value_proj, tsa.output_proj):
             linear.weight.copy_(torch.eye(c))
             linear.bias.zero_()
-        bev = enc.geometry(1, prev_map.device, ego_cur[None], ego_prev[None])
+        bev = enc.geometry(1, prev_map.device, ego_motion(ego_cur[None], ego_prev[None]))
         query = torch.zeros_like(prev_map)
         out = tsa(query, bev.ref, bev.ref_prev, bev.hw, prev_map)
     # TSA averages its two queue entries; the current one (zero queries) adds nothing
@@ -172,7 +173,7 @@ def test_bad_switch_and_unaligned_history_refused() -> None:
         BEVFormer(backbone={}, neck={}, encoder={}, bbox_head={}, use_temporal="yes")
     enc = small_model().encoder
     feats = [torch.zeros(1, 2, 32, 2, 3)]
-    with pytest.raises(ValueError, match="prev_bev: given without ego2global"):
+    with pytest.raises(ValueError, match="prev_bev: given without cur2prev"):
         enc(feats, torch.eye(4).expand(1, 2, 4, 4), (32, 48), prev_bev=torch.zeros(1, 64, 32))
 
 

@@ -16,15 +16,14 @@ import pytest
 import torch
 from mmdet.structures import DetDataSample
 from mmengine.config import Config
-from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool
+from onnx_run_util import export_with_tool, op_types, run_onnx, spread_scores, untied
+from plugin_util import SMALL_DETR, SMALL_DINO, build_model
 
-from npudet.deploy.detector import DetectorGraph
-from npudet.deploy.export import example_images, export_onnx, main
-from npudet.models.detectors import apply_msda_cfg
+from npudet.deploy.detector import DetectorGraph, example_images
+from npudet.deploy.export import export_onnx, main
 
 EXPORT = (2, 128, 160)  # batch, height, width traced
 RUNS = [(1, 96, 128), (2, 96, 128), (1, 160, 96), (2, 160, 96)]  # other sizes, batch 1 and 2
-TIE = 1e-6  # scores closer than this may swap places between runtimes
 
 
 def tiny_config(tmp_path, base: str, extra: str = "") -> str:
@@ -38,16 +37,6 @@ def tiny_config(tmp_path, base: str, extra: str = "") -> str:
     return str(path)
 
 
-def spread_scores(model: torch.nn.Module) -> None:
-    """Class branches that give scores across (0, 1), not all near the focal prior 0.01."""
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for branch in model.bbox_head.cls_branches:
-            # Top-50 scores spread over about 0.3..0.6 at the sizes tried.
-            branch.weight.copy_(torch.randn(branch.weight.shape, generator=gen) * 0.1)
-            branch.bias.fill_(-2.0)
-
-
 def reference(model: torch.nn.Module, images: torch.Tensor):
     """mmdet's ``predict`` on full images, no rescale: [(boxes, scores, labels)] per image."""
     h, w = images.shape[2:]
@@ -58,12 +47,6 @@ def reference(model: torch.nn.Module, images: torch.Tensor):
     return [
         (r.pred_instances.bboxes, r.pred_instances.scores, r.pred_instances.labels) for r in results
     ]
-
-
-def untied(scores: np.ndarray) -> np.ndarray:
-    """(N,) True where a score (sorted descending) is apart from both neighbours."""
-    gaps = np.abs(np.diff(scores)) > TIE
-    return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
 def assert_matches(got, want, height: int, width: int) -> dict:
@@ -83,55 +66,30 @@ def assert_matches(got, want, height: int, width: int) -> dict:
     return worst
 
 
-def export_with_tool(tmp, base: str, fmt: str, msda_node: str = "gridsample") -> dict:
-    """A tiny detector on config ``base`` saved as a checkpoint and exported by
-    ``tools/export.py`` to ``fmt`` (ONNX: with ``msda_node``'s MSDA nodes) at ``EXPORT``:
-    config, checkpoint, the PyTorch model on ``grid_sample`` (mmdet's path, the graph's math)
-    and the exported file."""
+def export_tiny(tmp, base: str, fmt: str, msda_node: str = "gridsample") -> dict:
+    """A tiny detector on config ``base`` exported by ``tools/export.py`` at ``EXPORT``
+    (``export_with_tool``)."""
     config = tiny_config(tmp, base)
     model = build_model(Config.fromfile(config), seed=0).eval()
-    spread_scores(model)
-    checkpoint = tmp / "tiny.pth"
-    torch.save({"state_dict": model.state_dict(), "meta": {}}, checkpoint)
-    out = tmp / f"tiny.{'onnx' if fmt == 'onnx' else 'pt2'}"
-    batch, height, width = EXPORT
-    done = run_tool(
-        ["tools/export.py", config, str(checkpoint), "--format", fmt, "--out", str(out),
-         "--shape", str(height), str(width), "--batch", str(batch), "--msda-node", msda_node]
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert out.is_file() and f"wrote {out}" in done.stdout
-    apply_msda_cfg(model, dict(impl="grid_sample"))
-    return dict(config=config, checkpoint=checkpoint, model=model, out=out)
+    spread_scores(model, 0.1, -2.0)  # top-50 scores over about 0.3..0.6 at the sizes tried
+    return export_with_tool(config, model, tmp, fmt, msda_node, EXPORT)
 
 
 @pytest.fixture(scope="module")
 def detr(tmp_path_factory):
     """The tiny Deformable DETR and its ONNX export."""
-    return export_with_tool(tmp_path_factory.mktemp("export_detr"), SMALL_DETR, "onnx")
+    return export_tiny(tmp_path_factory.mktemp("export_detr"), SMALL_DETR, "onnx")
 
 
 @pytest.fixture(scope="module")
 def detr_fused(tmp_path_factory):
     """The same tiny Deformable DETR exported with npudet's fused MSDA node."""
-    return export_with_tool(tmp_path_factory.mktemp("export_fused"), SMALL_DETR, "onnx", "npudet")
+    return export_tiny(tmp_path_factory.mktemp("export_fused"), SMALL_DETR, "onnx", "npudet")
 
 
-def run_onnx(path, images: torch.Tensor, library=None):
-    """ONNX Runtime (CPU; with the custom-op ``library`` registered if given) on ``images``:
-    [boxes, scores, labels] as numpy."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    if library is not None:
-        options.register_custom_ops_library(str(library))
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"images": images.numpy()})
-
-
-def op_types(path) -> list:
-    """The op types of an ONNX file's nodes, as (domain, op_type)."""
-    return [(node.domain, node.op_type) for node in onnx.load(str(path)).graph.node]
+def run_images(path, images: torch.Tensor, library=None):
+    """ONNX Runtime on ``images``: [boxes, scores, labels] as numpy."""
+    return run_onnx(path, {"images": images.numpy()}, library)
 
 
 def check_size(exported: dict, run, batch: int, height: int, width: int) -> dict:
@@ -164,7 +122,7 @@ def test_onnx_graph_is_plain_onnx_with_dynamic_batch_and_size(detr):
 
 @pytest.mark.parametrize("batch,height,width", RUNS)
 def test_onnx_runtime_matches_pytorch_at_other_sizes(detr, batch, height, width):
-    check_size(detr, lambda images: run_onnx(detr["out"], images), batch, height, width)
+    check_size(detr, lambda images: run_images(detr["out"], images), batch, height, width)
 
 
 def test_fused_node_graph_has_one_node_per_msda_layer(detr, detr_fused):
@@ -182,7 +140,7 @@ def test_fused_node_runs_in_onnx_runtime_through_the_library(detr_fused, batch, 
     from npudet.deploy import ort_library
 
     library = ort_library()
-    run = lambda images: run_onnx(detr_fused["out"], images, library)  # noqa: E731
+    run = lambda images: run_images(detr_fused["out"], images, library)  # noqa: E731
     check_size(detr_fused, run, batch, height, width)
 
 
@@ -194,7 +152,7 @@ def test_fused_node_runs_in_onnx_runtime_through_the_library(detr_fused, batch, 
 def test_engine_flavours_keep_the_node_contract(tmp_path, flavour, node):
     """TensorRT and ATC cannot run here: their graphs hold one node per MSDA layer in the
     parser's domain/name, int32 level inputs, and no GridSample."""
-    exported = export_with_tool(tmp_path, SMALL_DETR, "onnx", flavour)
+    exported = export_tiny(tmp_path, SMALL_DETR, "onnx", flavour)
     graph = onnx.load(str(exported["out"]))
     onnx.checker.check_model(graph, full_check=True)
     nodes = [n for n in graph.graph.node if (n.domain, n.op_type) == (flavour, node)]
@@ -208,15 +166,15 @@ def test_engine_flavours_keep_the_node_contract(tmp_path, flavour, node):
 
 @pytest.mark.slow
 def test_dino_onnx_matches_pytorch(tmp_path):
-    exported = export_with_tool(tmp_path, SMALL_DINO, "onnx")
-    check_runs(exported, lambda images: run_onnx(exported["out"], images))
+    exported = export_tiny(tmp_path, SMALL_DINO, "onnx")
+    check_runs(exported, lambda images: run_images(exported["out"], images))
 
 
 @pytest.mark.slow
 def test_aoti_package_matches_pytorch_through_the_cpp_runner(tmp_path):
     from npudet.deploy import aoti
 
-    exported = export_with_tool(tmp_path, SMALL_DETR, "aoti")
+    exported = export_tiny(tmp_path, SMALL_DETR, "aoti")
     check_runs(exported, lambda images: aoti.run_package(exported["out"], [images]))
 
 
@@ -232,7 +190,7 @@ def test_aoti_package_matches_pytorch_through_the_cpp_runner(tmp_path):
 )
 def test_export_path_equals_mmdet_path_in_eager(tmp_path, config, extra):
     model = build_model(Config.fromfile(tiny_config(tmp_path, config, extra)), seed=0).eval()
-    spread_scores(model)
+    spread_scores(model, 0.1, -2.0)
     images = example_images(2, 96, 128, seed=5)
     with torch.no_grad():
         boxes, scores, labels = DetectorGraph(model)(images)
@@ -243,8 +201,9 @@ def test_export_path_equals_mmdet_path_in_eager(tmp_path, config, extra):
 
 
 def test_export_names_a_bad_msda_node_and_family(detr, tmp_path):
+    images = (example_images(*EXPORT),)
     with pytest.raises(ValueError, match=r"msda_node: expected one of .*gridsample.*, got 'trt'"):
-        export_onnx(DetectorGraph(detr["model"]), example_images(*EXPORT), tmp_path / "x", "trt")
+        export_onnx(DetectorGraph(detr["model"]), images, tmp_path / "x", "trt")
     with pytest.raises(TypeError, match="detector: expected one of npudet's DeformableDETR"):
         DetectorGraph(torch.nn.Linear(2, 2))
 

@@ -5,8 +5,10 @@
 node per call (npudet's, mmdeploy's or the NPU's flavour), or plain GridSample;
 ``ort_custom_ops``: ``ort_library()``, the ONNX Runtime custom-op library
 (``ops/onnxruntime/``) that runs npudet's and mmdeploy's node. ``detector``: a Deformable DETR /
-DINO as one traceable graph (images -> boxes, scores, labels); ``export``: ``tools/export.py``'s
-ONNX and AOTInductor exports of a trained detector (imported by name: they need mmdet).
+DINO as one traceable graph (images -> boxes, scores, labels); ``bev_graph``: the BEV detector
+as one (a frame, its cameras, the previous BEV and the ego motion -> 3D boxes, scores,
+labels, the next BEV); ``export``: ``tools/export.py``'s ONNX and AOTInductor exports of a
+trained detector (imported by name: they need mmdet).
 This wing imports the op library, the layers, the detectors and the engine's checks; nothing
 below it imports it (the op reaches the ONNX route only through
 ``npudet.ops.msda.export_node``).

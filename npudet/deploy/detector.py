@@ -15,20 +15,42 @@ DETRs need no NMS.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Dict, Tuple
 
 import torch
 from torch import Tensor, nn
+from torch.export import Dim
 
 from npudet.models.detectors import DINO, DeformableDETR
 
 FAMILIES = (DeformableDETR, DINO)
+# The smallest image side the export accepts: every level of the 64x-strided pyramid keeps at
+# least 2 cells a side (torch.export specializes a size that could be 1).
+MIN_SIDE = 65
+
+
+def size_dims(batch_max: int = 64, side_max: int = 4096) -> Dict[str, Dim]:
+    """The dynamic sizes of an export's images: ``batch``, ``height`` and ``width``."""
+    return dict(
+        batch=Dim("batch", min=1, max=batch_max),
+        height=Dim("height", min=MIN_SIDE, max=side_max),
+        width=Dim("width", min=MIN_SIDE, max=side_max),
+    )
+
+
+def example_images(batch: int, height: int, width: int, seed: int = 0) -> Tensor:
+    """(batch, 3, height, width) normalised-looking images to trace with."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 3, height, width, generator=gen)
 
 
 class DetectorGraph(nn.Module):
     """``forward(images (B, 3, H, W) float32)`` -> boxes (B, N, 4) xyxy in the input's
     pixels (clamped to it), scores (B, N) float32 descending, labels (B, N) int64, with
     N = ``test_cfg.max_per_img``: mmdet's ``predict(..., rescale=False)`` per image."""
+
+    input_names = ("images",)
+    output_names = ("boxes", "scores", "labels")
 
     def __init__(self, detector: nn.Module) -> None:
         super().__init__()
@@ -58,6 +80,15 @@ class DetectorGraph(nn.Module):
         query = torch.div(index, self.num_classes, rounding_mode="floor")
         cxcywh = cxcywh.gather(1, query.unsqueeze(-1).expand(-1, -1, 4))
         return _to_pixels(cxcywh, images.shape[2], images.shape[3]), scores, labels
+
+    def example_inputs(self, batch: int, height: int, width: int) -> Tuple[Tensor]:
+        """The arguments to trace :meth:`forward` with: images (batch, 3, height, width)."""
+        return (example_images(batch, height, width),)
+
+    def dynamic_shapes(self) -> Tuple[Dict[int, Dim]]:
+        """``torch.export``'s dynamic sizes of :meth:`forward`'s arguments: B, H, W."""
+        dims = size_dims()
+        return ({0: dims["batch"], 2: dims["height"], 3: dims["width"]},)
 
 
 def _to_pixels(cxcywh: Tensor, height, width) -> Tensor:

@@ -1,10 +1,12 @@
-"""Export a trained Deformable DETR / DINO: ``tools/export.py``'s logic.
+"""Export a trained Deformable DETR / DINO or BEV detector: ``tools/export.py``'s logic.
 
-``load_detector`` builds the config's model and loads the checkpoint (checked first: a
-missing, corrupt or foreign checkpoint is one line naming it); ``export_onnx`` writes an
-ONNX graph (``torch.onnx.export``, dynamo exporter) and ``export_aoti`` an AOTInductor
-package (``npudet.deploy.aoti``) of :class:`~npudet.deploy.detector.DetectorGraph`, with the
-batch and the image height and width dynamic. ``main`` is the command line.
+``load_detector`` builds the config's model, loads the checkpoint (checked first: a
+missing, corrupt or foreign checkpoint is one line naming it) and wraps it in its family's
+graph (:class:`~npudet.deploy.detector.DetectorGraph`,
+:class:`~npudet.deploy.bev_graph.BEVGraph`: each names its inputs and outputs, example
+inputs and dynamic sizes); ``export_onnx`` writes an ONNX graph (``torch.onnx.export``,
+dynamo exporter) and ``export_aoti`` an AOTInductor package (``npudet.deploy.aoti``) of it,
+with the batch and the image height and width dynamic. ``main`` is the command line.
 """
 
 from __future__ import annotations
@@ -12,18 +14,19 @@ from __future__ import annotations
 import argparse
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import torch
 from mmengine.config import Config
-from torch.export import Dim
 
+from npudet.bev.models import BEVFormer
 from npudet.engine.cli import fail
 from npudet.engine.preflight import PreflightError, check_checkpoint, load_state_dict
 from npudet.models.detectors import apply_msda_cfg
 
 from . import aoti
-from .detector import DetectorGraph
+from .bev_graph import BEVGraph
+from .detector import MIN_SIDE, DetectorGraph
 from .onnx_nodes import FLAVOURS, GRIDSAMPLE, check_flavour, msda_onnx_node
 
 FORMATS = ("onnx", "aoti")
@@ -34,15 +37,14 @@ DEFAULT_OPSET = 18
 # The MSDA implementation each route traces: grid_sample is plain ONNX; AOTInductor keeps
 # the fused C++ kernel as one call that the operator library serves.
 ROUTE_IMPL = {"onnx": "grid_sample", "aoti": "cpu"}
-# The smallest image side the export accepts: every level of the 64x-strided pyramid keeps at
-# least 2 cells a side (torch.export specializes a size that could be 1).
-MIN_SIDE = 65
+Graph = Union[DetectorGraph, BEVGraph]
 
 
-def load_detector(config: str, checkpoint: str, impl: str) -> DetectorGraph:
+def load_detector(config: str, checkpoint: str, impl: str) -> Graph:
     """The config's detector with the checkpoint's weights, every MSDA layer on ``impl``,
-    in eval mode, wrapped as a :class:`DetectorGraph`. PreflightError / FileNotFoundError
-    with one line naming the file when either is unusable."""
+    in eval mode, wrapped as its family's graph (:class:`BEVGraph` for a ``BEVFormer``,
+    else :class:`DetectorGraph`). PreflightError / FileNotFoundError with one line naming
+    the file when either is unusable; TypeError for a model of another family."""
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
 
@@ -54,47 +56,34 @@ def load_detector(config: str, checkpoint: str, impl: str) -> DetectorGraph:
     detector = MODELS.build(cfg.model)
     detector.load_state_dict(load_state_dict(checkpoint, "checkpoint"))
     apply_msda_cfg(detector, dict(impl=impl))
-    return DetectorGraph(detector).eval()
+    family = BEVGraph if isinstance(detector, BEVFormer) else DetectorGraph
+    return family(detector).eval()
 
 
-def image_dims(batch_max: int = 64, side_max: int = 4096) -> Dict[int, Dim]:
-    """The dynamic sizes of the images input (B, 3, H, W): batch, height and width."""
-    return {
-        0: Dim("batch", min=1, max=batch_max),
-        2: Dim("height", min=MIN_SIDE, max=side_max),
-        3: Dim("width", min=MIN_SIDE, max=side_max),
-    }
-
-
-def example_images(batch: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
-    """(batch, 3, height, width) normalised-looking images to trace with."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, 3, height, width, generator=gen)
-
-
-def trace(graph: DetectorGraph, images: torch.Tensor) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``graph`` at ``images`` with batch, height and width dynamic
-    (``image_dims``); the constraint error names a size the model fixes."""
+def trace(graph: Graph, inputs: Sequence[torch.Tensor]) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``graph`` at ``inputs`` with the graph's dynamic sizes (batch,
+    image height and width); the constraint error names a size the model fixes."""
     with torch.no_grad():
-        return torch.export.export(graph, (images,), dynamic_shapes=(image_dims(),))
+        return torch.export.export(graph, tuple(inputs), dynamic_shapes=graph.dynamic_shapes())
 
 
 def export_onnx(
-    graph: DetectorGraph,
-    images: torch.Tensor,
+    graph: Graph,
+    inputs: Sequence[torch.Tensor],
     out: Path,
     msda_node: str = "gridsample",
     opset: int = DEFAULT_OPSET,
 ) -> Path:
-    """Write ``graph`` traced at ``images`` as ONNX to ``out``: input ``images`` (B, 3, H, W),
-    outputs ``boxes`` (B, N, 4), ``scores`` (B, N), ``labels`` (B, N); B, H, W dynamic.
-    ``msda_node`` picks how MSDA appears (``MSDA_NODES``: plain GridSample, or one fused node
-    per layer in ``npudet.deploy.onnx_nodes``'s flavours); ValueError naming ``msda_node``
-    for any other string."""
+    """Write ``graph`` traced at ``inputs`` (``graph.example_inputs``) as ONNX to ``out``,
+    its inputs and outputs named as the graph names them (``DetectorGraph``: ``images``
+    (B, 3, H, W) -> ``boxes`` (B, N, 4), ``scores`` (B, N), ``labels`` (B, N); ``BEVGraph``:
+    see there); B, H, W dynamic. ``msda_node`` picks how MSDA appears (``MSDA_NODES``: plain
+    GridSample, or one fused node per layer in ``npudet.deploy.onnx_nodes``'s flavours);
+    ValueError naming ``msda_node`` for any other string."""
     check_flavour(msda_node)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    names = dict(input_names=["images"], output_names=["boxes", "scores", "labels"])
+    names = dict(input_names=list(graph.input_names), output_names=list(graph.output_names))
     # Every MSDA call traced inside the block is recorded as msda_node's node (plain
     # GridSample for "gridsample", whatever implementation the layers were built with).
     with torch.no_grad(), warnings.catch_warnings(), msda_onnx_node(msda_node):
@@ -102,7 +91,7 @@ def export_onnx(
         # torch.export first: it refuses a dynamic size the model fixes, where
         # torch.onnx.export's fallbacks would quietly write a graph of the traced size.
         onnx_program = torch.onnx.export(
-            trace(graph, images),
+            trace(graph, inputs),
             dynamo=True,
             opset_version=opset,
             # onnxscript 0.7.2's optimizer left a node reading a value it had removed
@@ -115,16 +104,16 @@ def export_onnx(
     return out
 
 
-def export_aoti(graph: DetectorGraph, images: torch.Tensor, out: Path) -> Path:
-    """Compile ``graph`` traced at ``images`` into the AOTInductor package ``out`` (``.pt2``),
-    run by ``npudet.deploy.aoti.run_package``: images (B, 3, H, W) -> boxes, scores, labels."""
+def export_aoti(graph: Graph, inputs: Sequence[torch.Tensor], out: Path) -> Path:
+    """Compile ``graph`` traced at ``inputs`` into the AOTInductor package ``out`` (``.pt2``),
+    run by ``npudet.deploy.aoti.run_package`` on the graph's inputs, in order."""
     with torch.no_grad():
-        return aoti.package(graph, (images,), (image_dims(),), out)
+        return aoti.package(graph, tuple(inputs), graph.dynamic_shapes(), out)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line of ``tools/export.py``; a bad argument is one line and exit 2."""
-    parser = _OneLineParser(description="Export a trained Deformable DETR / DINO detector")
+    parser = _OneLineParser(description="Export a trained Deformable DETR / DINO / BEV detector")
     parser.add_argument("config", help="the model's config file")
     parser.add_argument("checkpoint", help="the trained checkpoint (.pth)")
     parser.add_argument("--format", required=True, choices=FORMATS, help="onnx or aoti")
@@ -165,12 +154,12 @@ def main(argv: Optional[List[str]] = None) -> Path:
         graph = load_detector(args.config, args.checkpoint, ROUTE_IMPL[args.format])
     except (PreflightError, FileNotFoundError, TypeError, ValueError) as err:
         fail(str(err))
-    images = example_images(args.batch, *args.shape)
+    inputs = graph.example_inputs(args.batch, *args.shape)
     try:
         if args.format == "onnx":
-            out = export_onnx(graph, images, args.out, args.msda_node, args.opset)
+            out = export_onnx(graph, inputs, args.out, args.msda_node, args.opset)
         else:
-            out = export_aoti(graph, images, args.out)
+            out = export_aoti(graph, inputs, args.out)
     except NotImplementedError as err:  # a fused-node flavour this install lacks
         fail(str(err))
     height, width = args.shape

@@ -13,6 +13,8 @@ from torch import Tensor
 
 from npudet.models.detectors.msda_config import apply_msda_cfg
 
+from .temporal_self_attention import ego_motion
+
 
 @MODELS.register_module()
 class BEVDataPreprocessor(BaseDataPreprocessor):
@@ -118,8 +120,7 @@ class BEVFormer(BaseDetector):
             return {}
         return dict(
             prev_bev=prev_bev,
-            ego2global=geo["ego2global"][:, t],
-            ego2global_prev=geo["ego2global"][:, t - 1],
+            cur2prev=ego_motion(geo["ego2global"][:, t], geo["ego2global"][:, t - 1]),
             prev_valid=geo["prev_exists"][:, t],
         )
 
@@ -132,7 +133,7 @@ class BEVFormer(BaseDetector):
 
     def obtain_bev(self, imgs: Tensor, samples: List[Any]) -> Tuple[Tensor, Dict[str, Tensor]]:
         """imgs (B, T, Ncam, 3, H, W) -> current BEV (B, bev_h * bev_w, C) and its history:
-        dict(prev_bev, ego2global, ego2global_prev, prev_valid), {} without one."""
+        dict(prev_bev, cur2prev, prev_valid), {} without one."""
         geo = self._geometry(samples, imgs.device)
         last = imgs.shape[1] - 1
         prev_bev = None

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from mmcv.cnn.bricks.transformer import FFN
 from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
+
+from npudet.ops.msda import LevelPairs
 
 from .spatial_cross_attention import SpatialCrossAttention, flatten_levels
 from .temporal_self_attention import (
@@ -22,8 +24,8 @@ class CameraFeatures(NamedTuple):
     """What spatial cross-attention samples: flattened camera levels and their geometry."""
 
     feats: Tensor  # (B, N, keys, C)
-    spatial_shapes: Tensor  # (levels, 2) long
-    level_start_index: Tensor  # (levels,) long
+    spatial_shapes: Union[Tensor, LevelPairs]  # (levels, 2) long, or (h, w) pairs
+    level_start_index: Optional[Tensor]  # (levels,) long, or None with pairs
     lidar2img: Tensor  # (B, N, 4, 4)
     img_shape: Tuple[int, int]
 
@@ -156,23 +158,20 @@ class BEVFormerEncoder(BaseModule):
         self,
         batch: int,
         device: torch.device,
-        ego2global: Optional[Tensor] = None,
-        ego2global_prev: Optional[Tensor] = None,
+        cur2prev: Optional[Tensor] = None,
         prev_valid: Optional[Tensor] = None,
     ) -> BEVGeometry:
         """The cells and where temporal self-attention reads the previous BEV.
 
         ``ref_prev`` (B, Q, 2) holds the current cells moved into the previous ego frame by
-        ``ego2global`` / ``ego2global_prev`` (B, 4, 4) (ego motion undone by sampling), and
-        the cells themselves without poses or where ``prev_valid`` (B,) is False.
+        ``cur2prev`` (B, 4, 4) (``ego_motion``: ego motion undone by sampling), and the cells
+        themselves without it or where ``prev_valid`` (B,) is False.
         """
         ref = bev_reference_points(self.bev_h, self.bev_w, device)
         still = ref[None].expand(batch, -1, -1)
-        if ego2global is None or ego2global_prev is None:
+        if cur2prev is None:
             return BEVGeometry(ref, still, (self.bev_h, self.bev_w))
-        ref_prev = prev_reference_points(
-            ref, ego2global.to(device), ego2global_prev.to(device), self.pc_range, prev_valid
-        )
+        ref_prev = prev_reference_points(ref, cur2prev.to(device), self.pc_range, prev_valid)
         return BEVGeometry(ref, ref_prev, (self.bev_h, self.bev_w))
 
     def forward(
@@ -181,11 +180,11 @@ class BEVFormerEncoder(BaseModule):
         lidar2img: Tensor,
         img_shape: Tuple[int, int],
         prev_bev: Optional[Tensor] = None,
-        ego2global: Optional[Tensor] = None,
-        ego2global_prev: Optional[Tensor] = None,
+        cur2prev: Optional[Tensor] = None,
         prev_valid: Optional[Tensor] = None,
     ) -> Tensor:
-        """mlvl_feats: list of (B, N, C, h, w); lidar2img (B, N, 4, 4); ego2global(_prev) (B, 4, 4).
+        """mlvl_feats: list of (B, N, C, h, w); lidar2img (B, N, 4, 4); cur2prev (B, 4, 4) the
+        ego motion (``ego_motion``) that aligns ``prev_bev``.
 
         ``prev_bev`` (B, Q, C) or None; ``prev_valid`` (B,) bool: samples without a
         previous frame use their current queries in its place. Returns (B, Q, C).
@@ -201,10 +200,10 @@ class BEVFormerEncoder(BaseModule):
         pos = self.bev_pos(device)[None].expand(b, -1, -1)
         if prev_bev is None:
             bev = self.geometry(b, device)
-        elif ego2global is None or ego2global_prev is None:
-            raise ValueError("prev_bev: given without ego2global and ego2global_prev to align it")
+        elif cur2prev is None:
+            raise ValueError("prev_bev: given without cur2prev (the ego motion) to align it")
         else:
-            bev = self.geometry(b, device, ego2global, ego2global_prev, prev_valid)
+            bev = self.geometry(b, device, cur2prev, prev_valid)
         if prev_valid is not None:
             prev_valid = prev_valid.to(device)
         camera = CameraFeatures(feats, shapes, starts, lidar2img, img_shape)

@@ -21,6 +21,7 @@ from npudet.models.layers import convert_msda
 
 from .box_coder import CODE_SIZE, BEVBoxCoder
 from .history_velocity import HistoryVelocity
+from .levels import msda_levels
 from .temporal_self_attention import bev_reference_points
 
 
@@ -194,21 +195,21 @@ class BEVDetrHead(BaseModule):
         self,
         bev: Tensor,
         prev_bev: Optional[Tensor] = None,
-        ego2global: Optional[Tensor] = None,
-        ego2global_prev: Optional[Tensor] = None,
+        cur2prev: Optional[Tensor] = None,
         prev_valid: Optional[Tensor] = None,
     ) -> Tuple[List[Tensor], List[Tensor]]:
         """bev (B, Q, C) -> per layer: logits (B, nq, K), codes (B, nq, 10).
 
         With ``two_stage`` the lists start with the proposals (B, Q, K), (B, Q, 10).
-        The previous frame (``prev_bev`` (B, Q, C), poses (B, 4, 4), ``prev_valid`` (B,))
-        is read by ``history_velocity`` only; without it the current BEV stands in.
+        The previous frame (``prev_bev`` (B, Q, C), ``cur2prev`` (B, 4, 4) the ego motion,
+        ``prev_valid`` (B,)) is read by ``history_velocity`` only; without it the current BEV
+        stands in.
         """
         query, pos, ref, enc = self.initial_queries(bev)
         if self.history_velocity is not None:
             history = self.history_velocity.project(bev, self.bev_hw, prev_bev, prev_valid)
         all_cls, all_codes = enc[:1], enc[1:]
-        shapes = torch.tensor([self.bev_hw], dtype=torch.long, device=bev.device)
+        shapes, starts = msda_levels([self.bev_hw], bev.device)
         for i, (layer, cls_b, reg_b) in enumerate(
             zip(self.decoder, self.cls_branches, self.reg_branches)
         ):
@@ -220,12 +221,12 @@ class BEVDetrHead(BaseModule):
                 query_pos=pos,
                 reference_points=ref[:, :, None],
                 spatial_shapes=shapes,
-                level_start_index=shapes.new_zeros(1),
+                level_start_index=starts,
             )
             codes = refine_codes(ref, reg_b(query))
             if self.history_velocity is not None:
                 velocity = self.history_velocity(
-                    query, codes[..., :2], history, ego2global, ego2global_prev, prev_valid
+                    query, codes[..., :2], history, cur2prev, prev_valid
                 )
                 codes = torch.cat([codes[..., :8], velocity], -1)
             all_cls.append(cls_b(query))

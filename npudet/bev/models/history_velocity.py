@@ -69,26 +69,26 @@ class HistoryVelocity(BaseModule):
         self,
         centres: Tensor,
         history: Tensor,
-        ego2global: Optional[Tensor] = None,
-        ego2global_prev: Optional[Tensor] = None,
+        cur2prev: Optional[Tensor] = None,
         prev_valid: Optional[Tensor] = None,
     ) -> Tensor:
         """``history`` (B, dims, H, W) from :meth:`project` on each centre's window: centres
-        (B, M, 2) normalised (u, v) in the current frame, poses (B, 4, 4); without them (or
-        where ``prev_valid`` (B,) is False) it is read at the current positions.
+        (B, M, 2) normalised (u, v) in the current frame, ``cur2prev`` (B, 4, 4) the ego motion
+        (``ego_motion``); without it (or where ``prev_valid`` (B,) is False) it is read at the
+        current positions.
         Returns (B, M, window * window, dims), points in row-major (y, x) order."""
         b, m, _ = centres.shape
         k = self.offsets.shape[0]
         pts = (centres.detach()[:, :, None] + self.offsets.to(centres)).view(b, m * k, 2)
-        if ego2global is not None and ego2global_prev is not None:
-            pts = prev_reference_points(pts, ego2global, ego2global_prev, self.pc_range, prev_valid)
+        if cur2prev is not None:
+            pts = prev_reference_points(pts, cur2prev, self.pc_range, prev_valid)
         samples = F.grid_sample(history, pts[:, :, None] * 2 - 1, align_corners=False)
         return samples.view(b, -1, m, k).permute(0, 2, 3, 1)
 
     def forward(
-        self, query: Tensor, centres: Tensor, history: Tensor, *poses: Optional[Tensor]
+        self, query: Tensor, centres: Tensor, history: Tensor, *motion: Optional[Tensor]
     ) -> Tensor:
-        """query (B, M, C) and the arguments of :meth:`window` (``poses``: ego2global,
-        ego2global_prev, prev_valid) -> velocity (B, M, 2)."""
-        samples = self.window(centres, history, *poses)
+        """query (B, M, C) and the arguments of :meth:`window` (``motion``: cur2prev,
+        prev_valid) -> velocity (B, M, 2)."""
+        samples = self.window(centres, history, *motion)
         return self.mlp(torch.cat([query, samples.flatten(2)], -1))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmdet.registry import MODELS
@@ -10,7 +10,9 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from npudet.nn import DeformableAttention
-from npudet.ops.msda import check_impl_name, level_start_index
+from npudet.ops.msda import LevelPairs, check_impl_name
+
+from .levels import msda_levels
 
 
 def bev_pillar_points(
@@ -45,7 +47,8 @@ def project_to_cameras(
     depth = cam[..., 2:3]
     uv = cam[..., :2] / depth.clamp(min=eps)
     img_h, img_w = img_shape
-    uv = uv / uv.new_tensor([img_w, img_h])
+    # One division per axis: the sizes may be symbolic (an export of dynamic image size).
+    uv = torch.stack([uv[..., 0] / img_w, uv[..., 1] / img_h], -1)
     mask = (
         (depth[..., 0] > eps)
         & (uv[..., 0] > 0.0)
@@ -74,6 +77,18 @@ def rebatch_indices(visible: Tensor) -> Tuple[Tensor, Tensor]:
     return index, valid
 
 
+def every_query_indices(visible: Tensor) -> Tuple[Tensor, Tensor]:
+    """:func:`rebatch_indices`' fixed-size form: every query in every camera's slots.
+
+    ``visible``: (B, N, Q) bool. Returns ``index`` (B * N, Q), 0 .. Q - 1 in every row, and
+    ``valid`` = ``visible`` as (B * N, Q): no size depends on the data (what an export
+    needs), at the cost of sampling the cells a camera does not see (masked out).
+    """
+    flat = visible.flatten(0, 1)
+    index = torch.arange(flat.shape[1], device=flat.device).expand(flat.shape[0], -1)
+    return index, flat
+
+
 @MODELS.register_module()
 class SpatialCrossAttention(DeformableAttention, BaseModule):
     """BEVFormer's spatial cross-attention on ``npudet.ops`` MSDA.
@@ -82,7 +97,14 @@ class SpatialCrossAttention(DeformableAttention, BaseModule):
     cells a camera sees are packed per camera, run MSDA over that camera's feature
     levels (``num_points`` split across the Z anchors), scattered back and averaged
     over the cameras that see them; then output projection, dropout and residual.
+
+    ``packed`` (default True): only the visible cells are gathered per camera
+    (:func:`rebatch_indices`, sizes depend on the data); False: every cell in every camera,
+    the unseen ones masked (:func:`every_query_indices`), the same numbers at fixed sizes,
+    as an export needs (``npudet.deploy.bev_graph`` sets it).
     """
+
+    packed: bool = True
 
     def __init__(
         self,
@@ -120,8 +142,8 @@ class SpatialCrossAttention(DeformableAttention, BaseModule):
         ref: Tensor,
         zmask: Tensor,
         value: Tensor,
-        spatial_shapes: Tensor,
-        level_start_index: Tensor,
+        spatial_shapes: Union[Tensor, LevelPairs],
+        level_start_index: Optional[Tensor],
     ) -> Tensor:
         """MSDA of packed queries (M, L, C) at refs (M, L, Z, 2) with Z-anchor mask (M, L, Z).
 
@@ -143,8 +165,8 @@ class SpatialCrossAttention(DeformableAttention, BaseModule):
         self,
         query: Tensor,
         feats: Tensor,
-        spatial_shapes: Tensor,
-        level_start_index: Tensor,
+        spatial_shapes: Union[Tensor, LevelPairs],
+        level_start_index: Optional[Tensor],
         lidar2img: Tensor,
         img_shape: Tuple[int, int],
         bev_hw: Tuple[int, int],
@@ -163,7 +185,7 @@ class SpatialCrossAttention(DeformableAttention, BaseModule):
         uv, mask = project_to_cameras(pts, lidar2img, img_shape)
         uv = uv.to(query.dtype)
         visible = mask.any(-1)
-        index, valid = rebatch_indices(visible)
+        index, valid = (rebatch_indices if self.packed else every_query_indices)(visible)
         batch_of = torch.arange(b, device=query.device).repeat_interleave(n)[:, None]
         cam_of = torch.arange(n, device=query.device).repeat(b)[:, None]
         q_sel = query[batch_of, index]
@@ -180,9 +202,12 @@ class SpatialCrossAttention(DeformableAttention, BaseModule):
         return self.dropout(self.output_proj(slots)) + identity
 
 
-def flatten_levels(mlvl_feats: List[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
-    """List of (B, N, C, h, w) -> feats (B, N, sum h*w, C), spatial_shapes, level_start_index."""
-    shapes = [f.shape[-2:] for f in mlvl_feats]
+def flatten_levels(
+    mlvl_feats: List[Tensor],
+) -> Tuple[Tensor, Union[Tensor, LevelPairs], Optional[Tensor]]:
+    """List of (B, N, C, h, w) -> feats (B, N, sum h*w, C), spatial_shapes, level_start_index
+    (:func:`~npudet.bev.models.levels.msda_levels` of the maps' sizes: tensors, or while
+    exporting the (h, w) pairs, so the image size stays dynamic)."""
     feats = torch.cat([f.flatten(3).transpose(2, 3) for f in mlvl_feats], 2)
-    spatial_shapes = torch.tensor(shapes, dtype=torch.long, device=feats.device)
-    return feats, spatial_shapes, level_start_index(spatial_shapes)
+    pairs = [(f.shape[-2], f.shape[-1]) for f in mlvl_feats]
+    return (feats, *msda_levels(pairs, feats.device))

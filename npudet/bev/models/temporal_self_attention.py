@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from npudet.nn import DeformableAttention
 from npudet.ops.msda import check_impl_name
 
+from .levels import msda_levels
+
 
 def bev_reference_points(bev_h: int, bev_w: int, device: torch.device) -> Tensor:
     """Normalised (u, v) centres of the BEV cells, (bev_h * bev_w, 2); u along x, v along y."""
@@ -21,26 +23,32 @@ def bev_reference_points(bev_h: int, bev_w: int, device: torch.device) -> Tensor
     return torch.stack([uu, vv], -1).view(-1, 2)
 
 
+def ego_motion(ego2global_cur: Tensor, ego2global_prev: Tensor) -> Tensor:
+    """The current ego frame in the previous one, ``inv(ego2global_prev) @ ego2global_cur``:
+    (B, 4, 4) float64 from the two poses (B, 4, 4), solved in float64 (global positions are
+    large)."""
+    return torch.linalg.solve(ego2global_prev.double(), ego2global_cur.double())
+
+
 def prev_reference_points(
     ref: Tensor,
-    ego2global_cur: Tensor,
-    ego2global_prev: Tensor,
+    cur2prev: Tensor,
     pc_range: Sequence[float],
     prev_valid: Optional[Tensor] = None,
 ) -> Tensor:
     """Current points (Q, 2) or (B, Q, 2) normalised, moved into the previous ego frame:
     (B, Q, 2).
 
-    Uses ``inv(ego2global_prev) @ ego2global_cur`` (B, 4, 4) on the points on the ground;
-    the points of samples whose ``prev_valid`` (B,) is False stay where they are.
+    ``cur2prev`` (B, 4, 4) (:func:`ego_motion`) moves the points on the ground, in the
+    points' dtype; the points of samples whose ``prev_valid`` (B,) is False stay where they
+    are.
     """
     x0, y0, _, x1, y1, _ = pc_range
     span = ref.new_tensor([x1 - x0, y1 - y0])
     lo = ref.new_tensor([x0, y0])
-    xy = (ref * span + lo).expand(ego2global_cur.shape[0], *ref.shape[-2:])
+    xy = (ref * span + lo).expand(cur2prev.shape[0], *ref.shape[-2:])
     pts = torch.cat([xy, xy.new_zeros(*xy.shape[:2], 1), xy.new_ones(*xy.shape[:2], 1)], -1)
-    cur2prev = torch.linalg.solve(ego2global_prev.double(), ego2global_cur.double()).to(ref)
-    moved = (torch.einsum("bij,bqj->bqi", cur2prev, pts)[..., :2] - lo) / span
+    moved = (torch.einsum("bij,bqj->bqi", cur2prev.to(ref), pts)[..., :2] - lo) / span
     if prev_valid is None:
         return moved
     return torch.where(prev_valid.to(moved.device).view(-1, 1, 1), moved, ref.expand_as(moved))
@@ -98,9 +106,9 @@ class TemporalSelfAttention(DeformableAttention, BaseModule):
             query = query + query_pos
         value = self.project_value(torch.stack([prev_bev, query], 1).flatten(0, 1))
         refs = torch.stack([ref_prev, ref.expand(b, q, 2)], 1).flatten(0, 1)  # (B*T, Q, 2)
-        shapes = torch.tensor([bev_hw], dtype=torch.long, device=query.device)
+        shapes, starts = msda_levels([bev_hw], query.device)
         out = self.deformable_attend(
-            torch.cat([prev_bev, query], -1), value, refs[:, :, None], shapes, shapes.new_zeros(1)
+            torch.cat([prev_bev, query], -1), value, refs[:, :, None], shapes, starts
         )
         out = out.view(b, self.num_groups, q, c).mean(1)
         return self.dropout(self.output_proj(out)) + identity
