@@ -8,6 +8,8 @@ batch 2 and 96x160 per camera. ONNX Runtime runs it over two consecutive frames,
 fed the first's ``next_bev``, at batch 1 and 2 and two other image sizes; each frame must
 give what ``BEVFormer.predict`` gives on the queue ending at it, and ``next_bev`` what
 ``obtain_bev`` gives. In the batch of 2 the second sample has no previous frame at frame 2.
+The runtime tests are slow (two exports, 2-7 minutes on 2 cores); the eager graph's equality
+with ``predict`` runs by default.
 """
 
 from __future__ import annotations
@@ -183,6 +185,7 @@ def msda_layers() -> int:
     return 2 * ENCODER_LAYERS + DECODER_LAYERS
 
 
+@pytest.mark.slow
 def test_onnx_graph_is_plain_onnx_with_dynamic_batch_and_size(bev):
     graph = onnx.load(str(bev["out"]))
     onnx.checker.check_model(graph)
@@ -200,12 +203,14 @@ def test_onnx_graph_is_plain_onnx_with_dynamic_batch_and_size(bev):
     assert [o.name for o in graph.graph.output] == ["boxes", "scores", "labels", "next_bev"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch,height,width", RUNS)
 def test_onnx_runtime_matches_pytorch_over_two_frames(bev, batch, height, width):
     run = lambda feeds: run_onnx(bev["out"], feeds)  # noqa: E731
     print("largest differences", check_two_frames(bev["model"], run, batch, height, width))
 
 
+@pytest.mark.slow
 def test_fused_node_graph_has_one_node_per_msda_layer(bev, bev_fused):
     graph = onnx.load(str(bev_fused["out"]))
     onnx.checker.check_model(graph, full_check=True)
@@ -218,6 +223,7 @@ def test_fused_node_graph_has_one_node_per_msda_layer(bev, bev_fused):
     assert plain.count(("", "GridSample")) == readouts + msda_layers() + ENCODER_LAYERS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch,height,width", RUNS)
 def test_fused_node_runs_in_onnx_runtime_through_the_library(bev_fused, batch, height, width):
     from npudet.deploy import ort_library

@@ -26,7 +26,7 @@ from npudet.models.detectors import apply_msda_cfg
 
 from . import aoti
 from .bev_graph import BEVGraph
-from .detector import MIN_SIDE, DetectorGraph
+from .detector import FAMILIES, MIN_SIDE, DetectorGraph
 from .onnx_nodes import FLAVOURS, GRIDSAMPLE, check_flavour, msda_onnx_node
 
 FORMATS = ("onnx", "aoti")
@@ -54,6 +54,11 @@ def load_detector(config: str, checkpoint: str, impl: str) -> Graph:
     check_checkpoint(cfg, checkpoint, "checkpoint", strict=True)
     init_default_scope(cfg.get("default_scope", "mmdet"))
     detector = MODELS.build(cfg.model)
+    if not isinstance(detector, (BEVFormer, *FAMILIES)):
+        names = ", ".join(f.__name__ for f in (*FAMILIES, BEVFormer))
+        raise TypeError(
+            f"config: the export takes npudet's {names}; {config} builds {type(detector).__name__}"
+        )
     detector.load_state_dict(load_state_dict(checkpoint, "checkpoint"))
     apply_msda_cfg(detector, dict(impl=impl))
     family = BEVGraph if isinstance(detector, BEVFormer) else DetectorGraph

@@ -1,0 +1,141 @@
+"""COCO evaluation of an exported detector in ONNX Runtime: ``tools/eval_export.py``'s logic.
+
+The exported graph (``npudet.deploy.export``) takes the data preprocessor's output and
+returns boxes in the input's pixels. Here the config's own test dataloader, data
+preprocessor and test evaluator do what stays outside the graph: the images are loaded,
+resized and normalised as ``tools/test.py`` does, the graph runs one image at a time (no
+padding within a batch, the graph's assumption), the boxes are scaled back to the original
+image as ``predict(rescale=True)`` does, and the evaluator scores them: the same numbers
+``tools/test.py`` prints for the PyTorch model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from mmengine.config import Config, DictAction
+
+from npudet.engine.cli import fail
+
+from .onnx_nodes import FLAVOURS
+from .ort_custom_ops import ort_library
+
+# The fused nodes npudet's ONNX Runtime library runs; the others need their engine (ATC).
+ORT_LIBRARY_DOMAINS = ("npudet", "mmdeploy")
+
+
+def onnx_session(path: str | Path, threads: Optional[int] = None):
+    """An ONNX Runtime CPU session on ``path``, with npudet's custom-op library registered
+    when the graph holds a fused MSDA node it runs. ``threads``: intra-op threads (default:
+    ONNX Runtime's). ValueError naming the node for a flavour only its engine runs."""
+    import onnx
+    import onnxruntime as ort
+
+    domains = {node.domain for node in onnx.load(str(path), load_external_data=False).graph.node}
+    engine_only = sorted(d for d in domains & set(FLAVOURS) if d not in ORT_LIBRARY_DOMAINS)
+    if engine_only:
+        flavour = FLAVOURS[engine_only[0]]
+        raise ValueError(
+            f"model: {flavour.domain}::{flavour.op_type} runs in {flavour.runs_on}, not in ONNX "
+            f"Runtime; export with --msda-node gridsample or npudet to run it here"
+        )
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if domains & set(ORT_LIBRARY_DOMAINS):
+        options.register_custom_ops_library(str(ort_library()))
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def to_original(boxes: np.ndarray, scale_factor: Sequence[float]) -> np.ndarray:
+    """(N, 4) xyxy in the resized input's pixels -> the original image's pixels, as
+    ``predict_by_feat(rescale=True)`` (``scale_factor`` = (w_scale, h_scale))."""
+    sx, sy = scale_factor
+    return boxes / np.array([sx, sy, sx, sy], dtype=boxes.dtype)
+
+
+def load_config(config: str, cfg_options: Optional[dict] = None) -> Config:
+    """The config with ``cfg_options`` merged, its default scope set."""
+    from mmengine.registry import init_default_scope
+
+    cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    init_default_scope(cfg.get("default_scope", "mmdet"))
+    return cfg
+
+
+def test_loader(cfg: Config, batch_size: int = 1):
+    """The config's test dataloader at ``batch_size``."""
+    from mmengine.runner import Runner
+
+    return Runner.build_dataloader(dict(cfg.test_dataloader, batch_size=batch_size))
+
+
+def preprocessed(cfg: Config, loader) -> Iterator[Tuple[dict, dict]]:
+    """``loader``'s batches as the PyTorch model sees them: (raw batch, the data
+    preprocessor's output: ``inputs`` (B, 3, H, W) normalised, ``data_samples``)."""
+    from mmdet.registry import MODELS
+
+    preprocessor = MODELS.build(cfg.model.data_preprocessor)
+    with torch.no_grad():
+        for batch in loader:
+            yield batch, preprocessor(batch, training=False)
+
+
+def evaluate_onnx(
+    config: str,
+    model: str | Path,
+    cfg_options: Optional[dict] = None,
+    threads: Optional[int] = None,
+) -> Dict[str, float]:
+    """The config's test evaluator's metrics (e.g. ``coco/bbox_mAP``) for the ONNX graph
+    ``model`` on the config's test split, one image at a time (the graph assumes no padding
+    within a batch). ``cfg_options`` are merged into the config first (e.g. the data root)."""
+    from mmengine.evaluator import Evaluator
+    from mmengine.structures import InstanceData
+
+    cfg = load_config(config, cfg_options)
+    loader = test_loader(cfg)
+    evaluator = Evaluator(cfg.test_evaluator)
+    evaluator.dataset_meta = loader.dataset.metainfo
+    session = onnx_session(model, threads)
+    for batch, data in preprocessed(cfg, loader):
+        boxes, scores, labels = session.run(None, {"images": data["inputs"].numpy()})
+        sample = data["data_samples"][0]
+        sample.pred_instances = InstanceData(
+            bboxes=torch.from_numpy(to_original(boxes[0], sample.scale_factor)),
+            scores=torch.from_numpy(scores[0]),
+            labels=torch.from_numpy(labels[0]),
+        )
+        evaluator.process(data_samples=[sample], data_batch=batch)
+    return evaluator.evaluate(len(loader.dataset))
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
+    """``tools/eval_export.py``: evaluate, print the metrics, optionally write them as JSON."""
+    parser = argparse.ArgumentParser(description="COCO evaluation of an exported ONNX detector")
+    parser.add_argument("config", help="the config the model was trained with")
+    parser.add_argument("model", type=Path, help="the .onnx written by tools/export.py")
+    parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--json", type=Path, default=None, help="write the metrics here")
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None)
+    args = parser.parse_args(argv)
+    for name, path in (("config", Path(args.config)), ("model", args.model)):
+        if not path.is_file():
+            fail(f"{name}: file not found: {path}")
+    try:
+        metrics = evaluate_onnx(args.config, args.model, args.cfg_options, args.threads)
+    except ValueError as err:
+        fail(str(err))
+    for key, value in metrics.items():
+        print(f"{key}: {value:.4f}")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(metrics, indent=1) + "\n")
+    return metrics
