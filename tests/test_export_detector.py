@@ -16,26 +16,15 @@ import pytest
 import torch
 from mmdet.structures import DetDataSample
 from mmengine.config import Config
-from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool
+from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool, tiny_config
 
+from npudet.deploy.bench import untied
 from npudet.deploy.detector import DetectorGraph
 from npudet.deploy.export import example_images, export_onnx, main
 from npudet.models.detectors import apply_msda_cfg
 
 EXPORT = (2, 128, 160)  # batch, height, width traced
 RUNS = [(1, 96, 128), (2, 96, 128), (1, 160, 96), (2, 160, 96)]  # other sizes, batch 1 and 2
-TIE = 1e-6  # scores closer than this may swap places between runtimes
-
-
-def tiny_config(tmp_path, base: str, extra: str = "") -> str:
-    """A config on ``base`` with 1 encoder and 2 decoder layers (a short graph to export),
-    and the model's ``extra`` keyword arguments."""
-    path = tmp_path / "tiny.py"
-    path.write_text(
-        f"_base_ = [{base!r}]\n"
-        f"model = dict(encoder=dict(num_layers=1), decoder=dict(num_layers=2){extra})\n"
-    )
-    return str(path)
 
 
 def spread_scores(model: torch.nn.Module) -> None:
@@ -58,12 +47,6 @@ def reference(model: torch.nn.Module, images: torch.Tensor):
     return [
         (r.pred_instances.bboxes, r.pred_instances.scores, r.pred_instances.labels) for r in results
     ]
-
-
-def untied(scores: np.ndarray) -> np.ndarray:
-    """(N,) True where a score (sorted descending) is apart from both neighbours."""
-    gaps = np.abs(np.diff(scores)) > TIE
-    return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
 def assert_matches(got, want, height: int, width: int) -> dict:

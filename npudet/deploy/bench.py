@@ -258,19 +258,28 @@ def make_runner(route: str, graph: DetectorGraph, path: Optional[Path], threads:
 
 
 def time_runner(run: Runner, images: torch.Tensor, warmup: int, runs: int) -> Dict[str, Any]:
-    """``warmup`` untimed calls, then ``runs`` timed ones: their times (ms), the median and
-    the last call's outputs."""
+    """``warmup`` untimed calls, then ``runs`` timed ones: their times (ms), the median, the
+    load average before and after, and the last call's outputs."""
     for _ in range(warmup):
         run(images)
     times = []
+    load_before = os.getloadavg()[0]
     for _ in range(runs):
         start = time.perf_counter()
         outputs = run(images)
         times.append((time.perf_counter() - start) * 1e3)
-    return {"median_ms": statistics.median(times), "runs_ms": times, "outputs": outputs}
+    # The machine's 1-minute load average around the timed runs: other processes' share of
+    # the cores shows in the wall-clock times.
+    load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    return {
+        "median_ms": statistics.median(times),
+        "runs_ms": times,
+        "load_avg_1m": load,
+        "outputs": outputs,
+    }
 
 
-def _untied(scores: np.ndarray) -> np.ndarray:
+def untied(scores: np.ndarray) -> np.ndarray:
     """(N,) True where a score (sorted descending) is apart from both neighbours."""
     gaps = np.abs(np.diff(scores)) > TIE
     return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
@@ -289,7 +298,7 @@ def compare_outputs(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> Di
     labels_equal = True
     compared = 0
     for i in range(w_scores.shape[0]):
-        keep = _untied(w_scores[i])
+        keep = untied(w_scores[i])
         compared += int(keep.sum())
         score_diff = max(score_diff, float(np.abs(scores[i] - w_scores[i]).max()))
         if keep.any():
@@ -377,6 +386,7 @@ def bench_model(
         results.setdefault(route, {}).update(
             median_ms=timed["median_ms"],
             runs_ms=timed["runs_ms"],
+            load_avg_1m=timed["load_avg_1m"],
             agreement=judge(diff, spec.height, spec.width),
         )
         log(f"[{spec.name}] {route}: {timed['median_ms']:.1f} ms")
@@ -412,6 +422,7 @@ def bench_deploy(
     result: Dict[str, Any] = {
         "commit": git_commit(),
         "machine": machine_info(),
+        "cpu_count": os.cpu_count(),
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
         "threads": {"torch": torch.get_num_threads(), "ort_intra_op": threads, "ort_inter_op": 1},
         "batch": 1,

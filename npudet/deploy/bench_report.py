@@ -25,7 +25,10 @@ def header(result: Dict[str, Any]) -> str:
         f"`{REFERENCE}`'s (scores, and boxes normalised by the image's larger side, within "
         f"{result['tolerance']:g}; labels equal where scores are untied). The AOTI package "
         f"is timed through `torch._inductor.aoti_load_package` in the benchmark's process "
-        f"(the C++ runner reports no time)."
+        f"(the C++ runner reports no time). `load avg` is the machine's 1-minute load average "
+        f"before and after a route's timed runs ({m['threads']} torch threads of a machine "
+        f"with {result['cpu_count']} cores): a load above the core count means other processes "
+        f"shared the cores and the times are longer than on an idle machine."
     )
 
 
@@ -50,12 +53,12 @@ def model_table(name: str, model: Dict[str, Any], routes: Dict[str, str]) -> str
         f"**{name}**: `{model['config']}` at {height}x{width}, {model['weights']}.",
         "",
         f"| route | what | median ms | runs ms | vs `{BASELINE}` | vs `{REFERENCE}` "
-        "| export s | agrees with eager |",
-        "|---|---|---|---|---|---|---|---|",
+        "| export s | load avg | agrees with eager |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for route, r in model["routes"].items():
         if "error" in r:
-            cells: List[str] = [f"`{route}`", routes[route], f"not run: {r['error']}"] + [""] * 5
+            cells: List[str] = [f"`{route}`", routes[route], f"not run: {r['error']}"] + [""] * 6
         else:
             speed = r["speedup"]
             export = r.get("export_s", "")
@@ -67,6 +70,7 @@ def model_table(name: str, model: Dict[str, Any], routes: Dict[str, str]) -> str
                 _ratio(speed[f"vs_{BASELINE}"]),
                 _ratio(speed[f"vs_{REFERENCE}"]),
                 "reused" if export is None else str(export),
+                "-".join(f"{v:.1f}" for v in r["load_avg_1m"]),
                 _agreement(r["agreement"]),
             ]
         lines.append("| " + " | ".join(cells) + " |")
