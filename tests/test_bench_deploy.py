@@ -23,6 +23,7 @@ from npudet.deploy.bench import (
     parse_routes,
     speedups,
 )
+from npudet.deploy.bench_report import markdown, read_result
 
 ROUTES = ["eager_grid_sample", "eager_cpu", "ort_npudet"]
 RUNS = 2
@@ -41,11 +42,11 @@ def bench(tmp_path_factory):
          "--json", str(out), "--work-dir", str(tmp / "work")]
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(out.read_text()), (tmp / "speed.md").read_text(), done.stdout
+    return json.loads(out.read_text()), (tmp / "speed.md").read_text(), done.stdout, out
 
 
 def test_every_route_is_timed_and_agrees_with_eager(bench):
-    result, _, _ = bench
+    result, _, _, _ = bench
     assert result["threads"] == {"torch": 1, "ort_intra_op": 1, "ort_inter_op": 1}
     assert result["machine"]["cpu_model"] and result["commit"]
     (model,) = result["models"].values()
@@ -62,7 +63,8 @@ def test_every_route_is_timed_and_agrees_with_eager(bench):
 
 
 def test_markdown_names_the_cpu_and_every_route(bench):
-    result, md, stdout = bench
+    result, md, stdout, path = bench
+    assert markdown(read_result(str(path))) == md  # what --report-only rewrites
     assert result["machine"]["cpu_model"] in md and stdout.endswith(md)
     rows = [line for line in md.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == ROUTES
@@ -98,3 +100,8 @@ def test_speedups_against_both_baselines():
 def test_bad_routes_and_models_are_named(parse, text, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse(text)
+
+
+def test_report_only_names_a_missing_result(tmp_path):
+    with pytest.raises(ValueError, match="--json: cannot read a result from"):
+        read_result(str(tmp_path / "none.json"))

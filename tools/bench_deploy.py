@@ -16,7 +16,7 @@ from pathlib import Path
 
 import npudet.plugin  # noqa: F401  (registers what the configs name)
 from npudet.deploy.bench import ROUTES, bench_deploy, parse_models, parse_routes
-from npudet.deploy.bench_report import markdown, write_outputs
+from npudet.deploy.bench_report import markdown, read_result, write_outputs
 from npudet.engine.cli import fail
 
 
@@ -38,7 +38,18 @@ def main() -> None:
         help="exported files (reused while weights, route and size are the same)",
     )  # fmt: skip
     parser.add_argument("--json", required=True, help="output JSON; .md next to it")
+    parser.add_argument(
+        "--report-only", action="store_true", help="run nothing: rewrite .md from --json"
+    )
     args = parser.parse_args()
+    if args.report_only:
+        try:
+            result = read_result(args.json)
+        except ValueError as err:
+            fail(str(err))
+        write_outputs(result, args.json)
+        print(markdown(result), end="")
+        return
     for name in ("runs", "threads"):
         if getattr(args, name) < 1:
             fail(f"argument --{name}: expected >= 1, got {getattr(args, name)}")

@@ -3,6 +3,7 @@ model, and the JSON and markdown files."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict, List
 
@@ -26,8 +27,8 @@ def header(result: Dict[str, Any]) -> str:
         f"{result['tolerance']:g}; labels equal where scores are untied). The AOTI package "
         f"is timed through `torch._inductor.aoti_load_package` in the benchmark's process "
         f"(the C++ runner reports no time). `load avg` is the machine's 1-minute load average "
-        f"before and after a route's timed runs ({m['threads']} torch threads of a machine "
-        f"with {result['cpu_count']} cores): a load above the core count means other processes "
+        f"before and after a route's timed runs (torch threads: {m['threads']}, cores: "
+        f"{result['cpu_count']}): a load above the core count means other processes "
         f"shared the cores and the times are longer than on an idle machine."
     )
 
@@ -92,8 +93,21 @@ def markdown(result: Dict[str, Any]) -> str:
     """Header, then per model its table and the goal line."""
     parts = [header(result)]
     for name, model in result["models"].items():
-        parts += [model_table(name, model, result["routes"]), goal_line(name, model)]
+        parts += [model_table(name, model, result["routes"]).rstrip(), goal_line(name, model)]
     return "\n\n".join(parts) + "\n"
+
+
+def read_result(json_path: str) -> Dict[str, Any]:
+    """A result JSON written by :func:`write_outputs`; ValueError naming ``--json`` when the
+    file is missing or is not one."""
+    try:
+        with open(json_path) as f:
+            result = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--json: cannot read a result from {json_path}: {err}") from err
+    if not isinstance(result, dict) or "models" not in result:
+        raise ValueError(f"--json: {json_path} is not a tools/bench_deploy.py result")
+    return result
 
 
 def write_outputs(result: Dict[str, Any], json_path: str) -> None:
