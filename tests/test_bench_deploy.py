@@ -59,7 +59,9 @@ def test_every_route_is_timed_and_agrees_with_eager(bench):
         reference = model["routes"][REFERENCE]["median_ms"]
         assert r["speedup"]["vs_eager_grid_sample"] == pytest.approx(reference / r["median_ms"])
         assert r["speedup"]["vs_ort_gridsample"] is None  # not among the routes run
-    assert model["routes"]["ort_npudet"]["export_s"] > 0  # exported in this run
+    fused = model["routes"]["ort_npudet"]
+    assert fused["export_s"] > 0 and not fused["reused"]  # exported in this run
+    assert fused["ort_op_ms"]["MultiScaleDeformableAttn"] > 0  # the profile sees the node
 
 
 def test_markdown_names_the_cpu_and_every_route(bench):

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -45,6 +46,7 @@ from npudet.utils.pretrained import drop_pretrained
 from .detector import DetectorGraph
 from .export import example_images
 from .ort_custom_ops import ort_library
+from .ort_profile import profile_session
 
 ROUTES: Dict[str, str] = {
     "eager_grid_sample": "PyTorch eager, MSDA impl=grid_sample",
@@ -169,13 +171,17 @@ def export_route(
 ) -> Dict[str, Any]:
     """Write ``route``'s file ``out`` with ``npudet.deploy.export`` in a child process (the
     ``tools/export.py`` command), unless ``out`` holds the export of ``key`` already.
-    ``{"export_s": seconds or None when reused}``, or ``{"error": ...}`` when the export
-    failed or ran past ``timeout`` seconds (its process group is then killed)."""
+    ``{"export_s": seconds, "reused": bool}`` (a reused file keeps the seconds its export
+    took, None when not recorded), or ``{"error": ...}`` when the export failed or ran past
+    ``timeout`` seconds (its process group is then killed). The stamp ``out.key`` holds the
+    key on its first line and the export's seconds on the second."""
     stamp = out.with_name(out.name + ".key")
     fmt, node = EXPORTS[route]
     key = f"{key} {fmt} {node} {TRACE_BATCH}x{spec.height}x{spec.width}"
-    if out.is_file() and stamp.is_file() and stamp.read_text() == key:
-        return {"export_s": None}
+    if out.is_file() and stamp.is_file():
+        lines = stamp.read_text().splitlines()
+        if lines and lines[0] == key:
+            return {"export_s": float(lines[1]) if len(lines) > 1 else None, "reused": True}
     out.unlink(missing_ok=True)
     argv = [str(config), str(checkpoint), "--format", fmt, "--out", str(out), "--msda-node", node,
             "--shape", str(spec.height), str(spec.width), "--batch", str(TRACE_BATCH)]  # fmt: skip
@@ -199,8 +205,9 @@ def export_route(
     if child.returncode != 0:
         last = (stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
         return {"error": f"export failed: {last[:300]}"}
-    stamp.write_text(key)
-    return {"export_s": round(time.perf_counter() - start, 1)}
+    seconds = round(time.perf_counter() - start, 1)
+    stamp.write_text(f"{key}\n{seconds}\n")
+    return {"export_s": seconds, "reused": False}
 
 
 Runner = Callable[[torch.Tensor], List[np.ndarray]]
@@ -219,18 +226,28 @@ def eager_runner(graph: DetectorGraph, impl: str) -> Runner:
     return run
 
 
-def ort_runner(path: Path, threads: int, library: Optional[Path] = None) -> Runner:
+def ort_session(path: Path, threads: int, library: Optional[Path], options: Any = None) -> Any:
     """An ONNX Runtime CPU session of ``path`` with ``threads`` intra-op threads (and the
-    custom-op ``library`` registered if given)."""
+    custom-op ``library`` registered if given), on ``options`` (default: fresh ones)."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    options = options or ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     if library is not None:
         options.register_custom_ops_library(str(library))
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_runner(path: Path, threads: int, library: Optional[Path] = None) -> Runner:
+    """``ort_session``'s session as a runner."""
+    session = ort_session(path, threads, library)
     return lambda images: session.run(None, {"images": images.numpy()})
+
+
+def ort_library_of(route: str) -> Optional[Path]:
+    """The custom-op library an ORT route needs (the fused node's), or None."""
+    return ort_library() if route == "ort_npudet" else None
 
 
 def aoti_runner(path: Path) -> Runner:
@@ -254,7 +271,7 @@ def make_runner(route: str, graph: DetectorGraph, path: Optional[Path], threads:
         return eager_runner(graph, EAGER_IMPL[route])
     if route == "aoti":
         return aoti_runner(path)
-    return ort_runner(path, threads, ort_library() if route == "ort_npudet" else None)
+    return ort_runner(path, threads, ort_library_of(route))
 
 
 def time_runner(run: Runner, images: torch.Tensor, warmup: int, runs: int) -> Dict[str, Any]:
@@ -390,6 +407,10 @@ def bench_model(
             agreement=judge(diff, spec.height, spec.width),
         )
         log(f"[{spec.name}] {route}: {timed['median_ms']:.1f} ms")
+        if route in EXPORTS and route != "aoti":
+            # A separate profiled session: the profiler's cost stays out of the times above.
+            session = partial(ort_session, files[route], threads, ort_library_of(route))
+            results[route]["ort_op_ms"] = profile_session(session, {"images": images.numpy()})
     times = {r: v["median_ms"] for r, v in results.items() if "median_ms" in v}
     ratios = speedups(times)
     for route in times:

@@ -37,6 +37,14 @@ def _ratio(value) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
 
+def _export(r: Dict[str, Any]) -> str:
+    """Seconds the route's export took ("?" when a reused file did not record it)."""
+    if "export_s" not in r:
+        return ""  # an eager route
+    seconds = "?" if r["export_s"] is None else f"{r['export_s']:.0f}"
+    return seconds + (" (reused)" if r.get("reused") else "")
+
+
 def _agreement(a: Dict[str, Any]) -> str:
     if "why" in a:
         return f"**no** ({a['why']})"
@@ -62,7 +70,6 @@ def model_table(name: str, model: Dict[str, Any], routes: Dict[str, str]) -> str
             cells: List[str] = [f"`{route}`", routes[route], f"not run: {r['error']}"] + [""] * 6
         else:
             speed = r["speedup"]
-            export = r.get("export_s", "")
             cells = [
                 f"`{route}`",
                 routes[route],
@@ -70,12 +77,30 @@ def model_table(name: str, model: Dict[str, Any], routes: Dict[str, str]) -> str
                 " ".join(f"{t:.0f}" for t in r["runs_ms"]),
                 _ratio(speed[f"vs_{BASELINE}"]),
                 _ratio(speed[f"vs_{REFERENCE}"]),
-                "reused" if export is None else str(export),
+                _export(r),
                 "-".join(f"{v:.1f}" for v in r["load_avg_1m"]),
                 _agreement(r["agreement"]),
             ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def op_lines(model: Dict[str, Any], top: int = 6) -> str:
+    """Per ORT route, its profiled run's time by op type: the ``top`` largest, the rest summed."""
+    lines = []
+    for route, r in model["routes"].items():
+        ops = r.get("ort_op_ms")
+        if not ops:
+            continue
+        items = list(ops.items())
+        parts = [f"{name} {ms:.0f}" for name, ms in items[:top]]
+        rest = sum(ms for _, ms in items[top:])
+        total = sum(ops.values())
+        lines.append(
+            f"- `{route}`, ORT's profiler, ms by op type (one run, sum {total:.0f}): "
+            + ", ".join(parts + ([f"other {rest:.0f}"] if rest else []))
+        )
+    return "\n".join(lines)
 
 
 def goal_line(name: str, model: Dict[str, Any]) -> str:
@@ -93,7 +118,8 @@ def markdown(result: Dict[str, Any]) -> str:
     """Header, then per model its table and the goal line."""
     parts = [header(result)]
     for name, model in result["models"].items():
-        parts += [model_table(name, model, result["routes"]).rstrip(), goal_line(name, model)]
+        parts += [model_table(name, model, result["routes"]).rstrip()]
+        parts += [p for p in (op_lines(model), goal_line(name, model)) if p]
     return "\n\n".join(parts) + "\n"
 
 
