@@ -1,6 +1,5 @@
 """What the detector export tests share: a model exported by ``tools/export.py``, an ONNX
-file run in ONNX Runtime, its node types, and which of a descending score list are apart
-from their neighbours."""
+file run in ONNX Runtime, its node types."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ import torch
 from plugin_util import run_tool
 
 from npudet.models.detectors import apply_msda_cfg
-
-TIE = 1e-6  # scores closer than this may swap places between runtimes
 
 
 def run_onnx(path, feeds: Dict[str, np.ndarray], library=None) -> List[np.ndarray]:
@@ -32,12 +29,6 @@ def run_onnx(path, feeds: Dict[str, np.ndarray], library=None) -> List[np.ndarra
 def op_types(path) -> list:
     """The op types of an ONNX file's nodes, as (domain, op_type)."""
     return [(node.domain, node.op_type) for node in onnx.load(str(path)).graph.node]
-
-
-def untied(scores: np.ndarray) -> np.ndarray:
-    """(N,) True where a score (sorted descending) is apart from both neighbours."""
-    gaps = np.abs(np.diff(scores)) > TIE
-    return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
 def spread_scores(model: torch.nn.Module, scale: float, bias: float) -> None:

@@ -40,6 +40,17 @@ def build_model(cfg: Config, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def tiny_config(tmp_path, base: str, extra: str = "") -> str:
+    """A config on ``base`` with 1 encoder and 2 decoder layers (a short graph to export),
+    and the model's ``extra`` keyword arguments."""
+    path = tmp_path / "tiny.py"
+    path.write_text(
+        f"_base_ = [{base!r}]\n"
+        f"model = dict(encoder=dict(num_layers=1), decoder=dict(num_layers=2){extra})\n"
+    )
+    return str(path)
+
+
 def fake_batch(num_classes: int = 3, seed: int = 0) -> Dict:
     from mmdet.testing import demo_mm_inputs
 

@@ -24,10 +24,11 @@ import torch
 from bev_util import ring_lidar2img
 from mmdet.structures import DetDataSample
 from mmengine.config import Config
-from onnx_run_util import export_with_tool, op_types, run_onnx, spread_scores, untied
+from onnx_run_util import export_with_tool, op_types, run_onnx, spread_scores
 from plugin_util import ROOT, build_model
 
 from npudet.bev.models.temporal_self_attention import ego_motion
+from npudet.deploy.bench import untied
 from npudet.deploy.bev_graph import BEVGraph
 
 BEV_CONFIG = os.path.join(ROOT, "configs/bev/bev-small_r18_synthetic.py")

@@ -16,25 +16,15 @@ import pytest
 import torch
 from mmdet.structures import DetDataSample
 from mmengine.config import Config
-from onnx_run_util import export_with_tool, op_types, run_onnx, spread_scores, untied
-from plugin_util import SMALL_DETR, SMALL_DINO, build_model
+from onnx_run_util import export_with_tool, op_types, run_onnx, spread_scores
+from plugin_util import SMALL_DETR, SMALL_DINO, build_model, tiny_config
 
+from npudet.deploy.bench import untied
 from npudet.deploy.detector import DetectorGraph, example_images
 from npudet.deploy.export import export_onnx, main
 
 EXPORT = (2, 128, 160)  # batch, height, width traced
 RUNS = [(1, 96, 128), (2, 96, 128), (1, 160, 96), (2, 160, 96)]  # other sizes, batch 1 and 2
-
-
-def tiny_config(tmp_path, base: str, extra: str = "") -> str:
-    """A config on ``base`` with 1 encoder and 2 decoder layers (a short graph to export),
-    and the model's ``extra`` keyword arguments."""
-    path = tmp_path / "tiny.py"
-    path.write_text(
-        f"_base_ = [{base!r}]\n"
-        f"model = dict(encoder=dict(num_layers=1), decoder=dict(num_layers=2){extra})\n"
-    )
-    return str(path)
 
 
 def reference(model: torch.nn.Module, images: torch.Tensor):

@@ -1,0 +1,109 @@
+"""``tools/bench_deploy.py``: the routes' latency side by side, and each route's outputs
+checked against eager ``grid_sample``'s.
+
+The tool runs on a Deformable DETR of the small config with 1 encoder and 2 decoder layers
+at 96x128 (random weights), on eager ``grid_sample`` and ``cpu`` and ONNX Runtime's fused
+``npudet`` node graph (exported by the tool through ``npudet.deploy.export``): the JSON and
+markdown hold every route's times, speed-ups and agreement, and every route agrees.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from plugin_util import SMALL_DETR, run_tool, tiny_config
+
+from npudet.deploy.bench import (
+    REFERENCE,
+    compare_outputs,
+    judge,
+    parse_models,
+    parse_routes,
+    speedups,
+)
+from npudet.deploy.bench_report import markdown, read_result
+
+ROUTES = ["eager_grid_sample", "eager_cpu", "ort_npudet"]
+RUNS = 2
+HEIGHT, WIDTH = 96, 128
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    """The tool's JSON and markdown for the tiny model on ``ROUTES``."""
+    tmp = tmp_path_factory.mktemp("bench_deploy")
+    config = tiny_config(tmp, SMALL_DETR)
+    out = tmp / "speed.json"
+    done = run_tool(
+        ["tools/bench_deploy.py", "--models", f"{config}@{HEIGHT}x{WIDTH}",
+         "--routes", ",".join(ROUTES), "--runs", str(RUNS), "--warmup", "1", "--threads", "1",
+         "--json", str(out), "--work-dir", str(tmp / "work")]
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(out.read_text()), (tmp / "speed.md").read_text(), done.stdout, out
+
+
+def test_every_route_is_timed_and_agrees_with_eager(bench):
+    result, _, _, _ = bench
+    assert result["threads"] == {"torch": 1, "ort_intra_op": 1, "ort_inter_op": 1}
+    assert result["machine"]["cpu_model"] and result["commit"]
+    (model,) = result["models"].values()
+    assert model["input"] == [1, 3, HEIGHT, WIDTH]
+    assert list(model["routes"]) == ROUTES
+    for route, r in model["routes"].items():
+        assert "error" not in r, (route, r)
+        assert len(r["runs_ms"]) == RUNS and min(r["runs_ms"]) <= r["median_ms"]
+        assert r["agreement"]["agrees"], (route, r["agreement"])
+        reference = model["routes"][REFERENCE]["median_ms"]
+        assert r["speedup"]["vs_eager_grid_sample"] == pytest.approx(reference / r["median_ms"])
+        assert r["speedup"]["vs_ort_gridsample"] is None  # not among the routes run
+    fused = model["routes"]["ort_npudet"]
+    assert fused["export_s"] > 0 and not fused["reused"]  # exported in this run
+    assert fused["ort_op_ms"]["MultiScaleDeformableAttn"] > 0  # the profile sees the node
+
+
+def test_markdown_names_the_cpu_and_every_route(bench):
+    result, md, stdout, path = bench
+    assert markdown(read_result(str(path))) == md  # what --report-only rewrites
+    assert result["machine"]["cpu_model"] in md and stdout.endswith(md)
+    rows = [line for line in md.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == ROUTES
+    assert all("| yes (" in row for row in rows)
+
+
+def test_a_wrong_route_output_disagrees():
+    gen = np.random.default_rng(0)
+    scores = np.sort(gen.random((1, 20)), axis=1)[:, ::-1].astype(np.float32)
+    boxes = gen.random((1, 20, 4)).astype(np.float32) * 100
+    labels = gen.integers(0, 3, (1, 20))
+    want = [boxes, scores, labels]
+    assert judge(compare_outputs(want, want), 100, 100)["agrees"]
+    for i, wrong in [(0, boxes + 0.1), (1, scores + 1e-3), (2, labels + 1)]:
+        got = list(want)
+        got[i] = wrong
+        assert not judge(compare_outputs(got, want), 100, 100)["agrees"], i
+
+
+def test_speedups_against_both_baselines():
+    ratios = speedups({"ort_gridsample": 300.0, "eager_grid_sample": 200.0, "aoti": 100.0})
+    assert ratios["aoti"] == {"vs_ort_gridsample": 3.0, "vs_eager_grid_sample": 2.0}
+
+
+@pytest.mark.parametrize(
+    "parse,text,message",
+    [
+        (parse_routes, "ort_trt", "--routes: expected some of"),
+        (parse_models, "r101", "--models: expected ['small', 'r50'] or CONFIG@HxW"),
+        (parse_models, f"{SMALL_DETR}@32x32", "H and W >= 65"),
+    ],
+)
+def test_bad_routes_and_models_are_named(parse, text, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse(text)
+
+
+def test_report_only_names_a_missing_result(tmp_path):
+    with pytest.raises(ValueError, match="--json: cannot read a result from"):
+        read_result(str(tmp_path / "none.json"))
