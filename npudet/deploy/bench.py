@@ -43,8 +43,7 @@ from npudet.ops.msda.bench.harness import machine_info
 from npudet.ops.msda.bench.provenance import git_commit
 from npudet.utils.pretrained import drop_pretrained
 
-from .detector import DetectorGraph
-from .export import example_images
+from .detector import DetectorGraph, example_images
 from .ort_custom_ops import ort_library
 from .ort_profile import profile_session
 
