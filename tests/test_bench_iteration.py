@@ -131,25 +131,28 @@ def test_bad_control_name_names_the_run(name, why) -> None:
         parse_run_name(name)
 
 
-def test_ulp_control_changes_mmcv_output_by_one_ulp_and_undoes() -> None:
+def test_ulp_control_moves_mmcv_locations_and_output_by_one_ulp_and_undoes(monkeypatch) -> None:
     import torch
     from mmcv.ops import multi_scale_deform_attn as mmcv_msda
 
     from npudet.ablation.roundoff_control import perturb_mmcv_output
 
-    gen = torch.Generator().manual_seed(0)
-    shapes = torch.tensor([[4, 5], [2, 3]])
-    value = torch.randn(1, 26, 2, 8, generator=gen)
-    loc = torch.rand(1, 7, 2, 2, 3, 2, generator=gen)
-    weights = torch.rand(1, 7, 2, 2, 3, generator=gen)
-    want = mmcv_msda.multi_scale_deformable_attn_pytorch(value, shapes, loc, weights)
+    seen = {}
+    fixed = torch.rand(1, 7, 16) + 0.5
+
+    def recorder(value, shapes, locations, weights):  # what the perturbation wraps
+        seen["locations"] = locations
+        return fixed
+
+    monkeypatch.setattr(mmcv_msda, "multi_scale_deformable_attn_pytorch", recorder)
+    locations = torch.rand(1, 7, 2, 2, 3, 2) + 0.5
     state = torch.get_rng_state()
     undo = perturb_mmcv_output(seed=0)
-    got = mmcv_msda.multi_scale_deformable_attn_pytorch(value, shapes, loc, weights)
+    out = mmcv_msda.multi_scale_deformable_attn_pytorch(None, None, locations, None)
     undo()
     assert torch.equal(torch.get_rng_state(), state)  # the run's random state is untouched
-    rel = ((got - want) / want).abs()
-    # one ulp of 1 times the value, rounded to the value's own ulp: at most 2 ulps relative
-    assert rel.max() <= 2.0**-22 and (rel > 0).float().mean() > 0.9
-    again = mmcv_msda.multi_scale_deformable_attn_pytorch(value, shapes, loc, weights)
-    assert torch.equal(again, want)
+    assert mmcv_msda.multi_scale_deformable_attn_pytorch is recorder
+    for got, want in ((seen["locations"], locations), (out, fixed)):
+        rel = ((got - want) / want).abs()
+        # one ulp of 1 times the value, rounded to the value's own ulp: at most 2 ulps relative
+        assert rel.max() <= 2.0**-22 and (rel > 0).float().mean() > 0.9
