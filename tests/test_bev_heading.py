@@ -56,6 +56,15 @@ def test_one_heading_for_everything() -> None:
     assert "| car | 3 |" in markdown(out)
 
 
+def test_one_view_angle_for_everything() -> None:
+    """A head coding the view angle that predicts 0 for it: headings follow the bearings
+    (not concentrated), the view angles are all one."""
+    bearing = np.arctan2(GT[:, 1], GT[:, 0])
+    out = _errors(_with_yaw(bearing))
+    assert out["car"]["pred_view_concentration"] == pytest.approx(1.0)
+    assert out["car"]["pred_concentration"] < 0.9
+
+
 def test_unmatched_and_bad_label() -> None:
     far = GT.copy()
     far[:, 1] += 10.0  # every prediction 10 m from every true box
