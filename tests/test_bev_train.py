@@ -11,11 +11,9 @@ from plugin_util import ROOT, run_tool
 
 CONFIG = os.path.join(ROOT, "configs", "bev", "bev-small_r18_synthetic.py")
 LOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
-# the recipe's stored run, its `temporal` row (written before the fronts were painted, one
-# colour per box, mAOE 1.30 rad): painting the fronts must not cost detection quality
-BEFORE = os.path.join(ROOT, "results", "bev", "temporal_ablation.json")
-# run-to-run noise: two seeds of the recipe differed by 0.008 mAP (docs: BEV experiments)
-MARGIN = 0.02
+# issue 35's bars: with a learned heading, mAP and NDS no lower than the small BEV row's
+# figures when it was filed
+BARS = {"mAP": 0.537, "NDS": 0.534}
 
 
 def untrained_metrics(data_root: str, work_dir: str) -> dict:
@@ -59,9 +57,8 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
     # stayed at 0.53-0.62 m/s
     assert final["bev/mAVE"] < 0.45, final
     # heading is learned from the painted fronts: random is ~1.57 rad, one colour per box
-    # left the model at 1.30 (ambiguous by pi)
+    # left the model at 1.30 (ambiguous by pi), the ego-frame yaw code at 1.34 (one heading
+    # per class)
     assert final["bev/mAOE"] <= 0.5, final
-    with open(BEFORE) as f:
-        before_paint = json.load(f)["runs"]["temporal"]
-    for key in ("mAP", "NDS"):
-        assert final[f"bev/{key}"] >= before_paint[key] - MARGIN, (key, before_paint, final)
+    for key, bar in BARS.items():
+        assert final[f"bev/{key}"] >= bar, (key, final)

@@ -13,15 +13,12 @@ along their true direction of travel close to their speed.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable
 
 import numpy as np
 
 from ..infos.attributes import MOVING_SPEED
-from .center_distance import center_distance
-
-# one frame: predicted boxes (P, 9), scores (P,), labels (P,), true boxes (N, 9), labels (N,)
-Frame = Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+from .nearest_match import Frame, nearest_matches
 
 
 def velocity_by_motion(
@@ -35,22 +32,14 @@ def velocity_by_motion(
     true_speed, pred_speed, pred_along, vel_err}``; means are NaN where nothing matched.
     """
     rows = []  # (moving, true speed, predicted speed, component along truth, error)
-    for pred, scores, pred_labels, gt, gt_labels in frames:
-        pred, gt = np.asarray(pred, float).reshape(-1, 9), np.asarray(gt, float).reshape(-1, 9)
-        keep = np.asarray(scores) >= min_score
-        pred, pred_labels = pred[keep], np.asarray(pred_labels)[keep]
-        for box, label in zip(gt, np.asarray(gt_labels)):
-            same = pred[pred_labels == label]
-            if not len(same) or not np.isfinite(box[7:9]).all():
-                continue
-            dist = center_distance(same, box)
-            if dist.min() > max_dist:
-                continue
-            vel, true = same[dist.argmin(), 7:9], box[7:9]
-            speed = float(np.hypot(*true))
-            along = float(vel @ true / speed) if speed > 0 else 0.0
-            err = float(np.hypot(*(vel - true)))
-            rows.append((speed > MOVING_SPEED, speed, float(np.hypot(*vel)), along, err))
+    for box, pred, _ in nearest_matches(frames, max_dist, min_score):
+        if not np.isfinite(box[7:9]).all():
+            continue
+        vel, true = pred[7:9], box[7:9]
+        speed = float(np.hypot(*true))
+        along = float(vel @ true / speed) if speed > 0 else 0.0
+        err = float(np.hypot(*(vel - true)))
+        rows.append((speed > MOVING_SPEED, speed, float(np.hypot(*vel)), along, err))
     table = np.array(rows, dtype=float).reshape(-1, 5)
     out: Dict[str, float] = {}
     for name, mask in (("moving", table[:, 0] == 1), ("static", table[:, 0] == 0)):

@@ -71,6 +71,9 @@ class BEVDetrHead(BaseModule):
     content is the proposal's feature and whose positional query is an MLP of the
     sine embedding of its current reference point (Deformable DETR two-stage / DINO).
 
+    ``yaw_frame``: what the (sin, cos) code's angle is measured from, :class:`BEVBoxCoder`'s
+    ``'ego'`` (the yaw, BEVFormer) or ``'ray'`` (heading relative to the line of sight).
+
     ``history_velocity``: dict of :class:`HistoryVelocity` options (window, step, dims,
     hidden) or None. Given, each decoder layer's velocity comes from that readout of the
     ego-motion-aligned previous BEV (the current BEV stands in without one) around the
@@ -96,6 +99,7 @@ class BEVDetrHead(BaseModule):
         pc_range: Sequence[float] = (-51.2, -51.2, -5.0, 51.2, 51.2, 3.0),
         code_weights: Sequence[float] = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2),
         two_stage: bool = False,
+        yaw_frame: str = "ego",
         history_velocity: Optional[dict] = None,
         loss_cls: Optional[dict] = None,
         loss_bbox: Optional[dict] = None,
@@ -106,7 +110,7 @@ class BEVDetrHead(BaseModule):
         super().__init__(init_cfg)
         self.num_classes, self.num_queries = num_classes, num_queries
         self.bev_hw = (bev_h, bev_w)
-        self.coder = BEVBoxCoder(pc_range)
+        self.coder = BEVBoxCoder(pc_range, yaw_frame)
         if len(code_weights) != CODE_SIZE:
             raise ValueError(f"code_weights: expected {CODE_SIZE} weights, got {len(code_weights)}")
         self.register_buffer("code_weights", torch.tensor(code_weights), persistent=False)
