@@ -74,11 +74,7 @@ model = dict(
         bev_h=bev_h,
         bev_w=bev_w,
         pc_range=pc_range,
-        # heading coded relative to the line of sight from the ego, which is what a camera
-        # sees; coded as the ego yaw, every class's heading collapsed to one constant
-        # (mAOE 1.34, results/bev/painted_fronts); its (sin, cos) weighted 2
-        code_weights=[50.0, 50.0, 6.0, 1.0, 1.0, 1.0, 2.0, 2.0, 0.2, 0.2],
-        yaw_frame='ray',
+        code_weights=[50.0, 50.0, 6.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.2],
         two_stage=True,
         # velocity from a 9 x 9 window (+-4 m) of the ego-aligned previous BEV around each
         # box: temporal self-attention alone left moving objects at ~0.02 m/s
