@@ -15,10 +15,19 @@ work_dir=${NPUDET_WORK_DIR:-work_dirs/main_job}
 # Training ends with the evaluation on the val split (COCO table + coco_bbox_val.json).
 "$py" tools/train.py "$config" --work-dir "$work_dir" --msda-impl auto "$@"
 
-"$py" - "$work_dir/coco_bbox_val.json" "$start" <<'PY'
-import json, sys, time
-bbox = json.load(open(sys.argv[1]))["bbox"]
-minutes = (time.time() - int(sys.argv[2])) / 60
+"$py" - "$work_dir" "$start" <<'PY'
+import json, os, sys, time
+from npudet.ops.msda.bench.harness import machine_info
+from npudet.ops.msda.bench.provenance import git_commit
+
+work_dir, start = sys.argv[1], int(sys.argv[2])
+bbox = json.load(open(os.path.join(work_dir, "coco_bbox_val.json")))["bbox"]
+minutes = (time.time() - start) / 60
+# The record results/main_job/ stores: the numbers, where and under what load they were made.
+record = dict(bbox=bbox, wall_minutes=round(minutes, 2), commit=git_commit(),
+              machine=machine_info(), cores=os.cpu_count(), load_avg_end=os.getloadavg())
+with open(os.path.join(work_dir, "main_job.json"), "w") as f:
+    json.dump(record, f, indent=1)
 print(f"[main_job] bbox AP50 = {bbox['AP50']:.3f}, AP = {bbox['AP']:.3f} on the shapes val "
-      f"split; wall time {minutes:.1f} min (including setup); results in {sys.argv[1]}")
+      f"split; wall time {minutes:.1f} min (including setup); results in {work_dir}")
 PY
