@@ -26,10 +26,11 @@ SETUP = "bash tools/setup_oldtorch.sh"
 OLDEST_TORCH = "2.1."
 CHECK = Path(__file__).resolve().parent / "oldest_torch_check.py"
 # The op library's tests that need torch only (no OpenMMLab); mmcv's route reports itself
-# unavailable there and triton's too (torch 2.1 pins triton 2.1). Not test_msda_dispatch.py:
-# on torch 2.1 ``gather``'s backward has no Meta kernel (aten::_embedding_bag_per_sample_
-# weights_backward), so its fake-tensor and torch.compile cases fail there.
+# unavailable there and triton's too (torch 2.1 pins triton 2.1). torch 2.1's dynamo cannot
+# trace the op whole: the fullgraph cases are strict xfails there (msda_util.DYNAMO_2_1).
 OP_TESTS = [
+    "tests/test_msda_dispatch.py",
+    "tests/test_msda_compile.py",
     "tests/test_msda_parity.py",
     "tests/test_msda_property.py",
     "tests/test_msda_autograd_modes.py",
@@ -39,6 +40,10 @@ OP_TESTS = [
     "tests/test_msda_levels.py",
     "tests/test_cpu_options.py",
 ]
+# Not run on torch 2.1: the cost bound of auto's check (50 ms), set for the torch the default
+# suite runs. torch 2.1's set_num_threads, which the check calls twice, costs about 17 ms a call
+# on the loaded 2-core machine (profiled; under 1 ms on 2.13), so the check takes 50-130 ms.
+OP_DESELECT = ["tests/test_msda_dispatch.py::test_check_on_cpu_costs_under_50ms"]
 
 
 def _old_python() -> str:
@@ -82,7 +87,11 @@ def test_op_library_and_nn_work_on_the_oldest_torch():
 def test_op_library_tests_pass_on_the_oldest_torch():
     began = time.monotonic()
     done = subprocess.run(
-        [_old_python(), "-m", "pytest", "-q", "-p", "no:cacheprovider", *OP_TESTS],
+        [
+            _old_python(),
+            *("-m", "pytest", "-q", "-p", "no:cacheprovider", *OP_TESTS),
+            *(f"--deselect={test}" for test in OP_DESELECT),
+        ],
         cwd=ROOT,
         env=_env(),
         capture_output=True,
