@@ -9,9 +9,9 @@
 #   NPUDET_OLD_TORCH=torch==2.2.2 bash tools/setup_oldtorch.sh   # another old torch, same venv
 # PyPI has torch 2.1 only as a CUDA build, which pulls the nvidia-* wheels (several GB the first
 # time; pip caches them). It imports and runs on CPU without a GPU. --plugin builds mmcv's ops
-# against this torch (about 15 minutes on 2 cores the first time); the wheel is kept under
-# ~/.cache/npudet/wheels/<torch version>/ for the next venv. A second run with nothing changed
-# finishes in seconds (a stamp file records what was done).
+# against this torch (65 min the first time on the shared 2-core machine at load ~10); the
+# wheel is kept under ~/.cache/npudet/wheels/<torch version>/ for the next venv. A second run
+# with nothing changed finishes in seconds (a stamp file records what was done).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -60,7 +60,7 @@ if [ "$plugin" = 1 ]; then
   wheels="${XDG_CACHE_HOME:-$HOME/.cache}/npudet/wheels/torch-$torch_version"
   if ! ls "$wheels"/mmcv-2.1.0-*.whl >/dev/null 2>&1; then
     echo "[setup_oldtorch] building mmcv 2.1.0 with its ops against torch $torch_version" \
-      "(about 15 minutes on 2 cores) into $wheels"
+      "(over 10 minutes on 2 cores) into $wheels"
     mkdir -p "$wheels"
     MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" pip wheel -q --no-deps \
       --no-build-isolation --no-cache-dir -w "$wheels" mmcv==2.1.0
