@@ -9,11 +9,13 @@ always runs on the CPU. Every (implementation, device) pair a test runs is recor
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import random
 from typing import List, Sequence, Set, Tuple
 from unittest import mock
 
+import pytest
 import torch
 
 # npudet is imported inside the functions: conftest.py imports this module before it
@@ -28,6 +30,19 @@ REFERENCE = "grid_sample"
 DEVICE_ENV = "NPUDET_TEST_DEVICE"
 
 EXERCISED: Set[Tuple[str, str]] = set()
+
+# torch 2.1 (the oldest supported, run by test_oldest_torch.py): its dynamo cannot trace the
+# op's input checks whole ("Sets with TorchVariable NYI": a set of devices; then the frozen
+# dataclass MSDAInputs), so torch.compile(fullgraph=True) of the op raises there and a
+# default torch.compile breaks the graph at the op. Seen on 2.1.2; 2.13.0 traces it whole.
+TORCH_2_1 = torch.__version__.startswith("2.1.")
+DYNAMO_2_1 = pytest.mark.xfail(
+    TORCH_2_1,
+    # torch._dynamo (a second to import) only where the mark applies.
+    raises=importlib.import_module("torch._dynamo.exc").Unsupported if TORCH_2_1 else None,
+    strict=True,
+    reason="torch 2.1's dynamo cannot trace the op's input checks with fullgraph=True",
+)
 
 
 def requested_device() -> str:

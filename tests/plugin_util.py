@@ -102,11 +102,11 @@ def data_options(root: str) -> List[str]:
 
 
 def train_tool(
-    data_root: str, work: str, *args: str, options: Sequence[str] = ()
+    data_root: str, work: str, *args: str, options: Sequence[str] = (), timeout: int = 600
 ) -> subprocess.CompletedProcess:
     """``tools/train.py`` on the small Deformable DETR for one epoch on the shapes set at
     ``data_root``, logging every iteration, into ``work``; ``args`` (e.g. ``--amp``) go before
-    ``--cfg-options``, ``options`` after the data roots."""
+    ``--cfg-options``, ``options`` after the data roots (a later option wins)."""
     cfg_options = [*data_options(data_root), "train_cfg.max_epochs=1", *options]
     return run_tool(
         [
@@ -116,7 +116,8 @@ def train_tool(
             "--work-dir",
             str(work),
             "--cfg-options",
-            *cfg_options,
             "default_hooks.logger.interval=1",
-        ]
+            *cfg_options,
+        ],
+        timeout=timeout,
     )

@@ -16,7 +16,7 @@ import weakref
 
 import pytest
 import torch
-from msda_util import random_inputs
+from msda_util import DYNAMO_2_1, random_inputs
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -361,6 +361,7 @@ def test_auto_on_cpu_checks_its_choice_once_per_dtype(fresh, monkeypatch):
     assert calls == [("cpu", "cpu", torch.float32), ("cpu", "cpu", torch.float64)]
 
 
+@DYNAMO_2_1
 def test_compiled_auto_checks_outside_the_graph(fresh):
     """The check runs once, eagerly, while dynamo evaluates the verdict as a constant."""
     graphs = []

@@ -21,6 +21,7 @@ __all__ = [
     "is_compiling",
     "is_exporting",
     "register_fake",
+    "register_missing_meta_kernels",
 ]
 
 
@@ -92,3 +93,53 @@ def register_fake(qualname: str, fn: Callable, lib: torch.library.Library) -> No
         return
     # Library.impl names the operator without its namespace (the library's own).
     lib.impl(qualname.split("::", 1)[-1], fn, "Meta")
+
+
+# Libraries holding this module's Meta kernels: a registration lasts as long as its Library.
+_meta_libraries: list = []
+
+
+def _embedding_bag_dense_backward_meta(
+    grad: torch.Tensor,
+    indices: torch.Tensor,
+    offset2bag: torch.Tensor,
+    bag_size: torch.Tensor,
+    maximum_indices: torch.Tensor,
+    num_weights: int,
+    *args,
+    **kwargs,
+) -> torch.Tensor:
+    """``embedding_bag``'s weight gradient: (num_weights, embedding dim) of ``grad``'s dtype."""
+    return grad.new_empty((num_weights, grad.size(1)))
+
+
+def _embedding_bag_per_sample_weights_backward_meta(
+    grad: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, *args, **kwargs
+) -> torch.Tensor:
+    """``embedding_bag``'s ``per_sample_weights`` gradient: (num_indices,) of ``grad``'s dtype."""
+    return grad.new_empty((indices.numel(),))
+
+
+# Shape-only kernels of ops npudet's implementations call that torch 2.1 has no Meta kernel
+# for (both are embedding_bag's backward, which ``gather`` uses); torch >= 2.2 has its own.
+_MISSING_META = {
+    "_embedding_bag_dense_backward": _embedding_bag_dense_backward_meta,
+    "_embedding_bag_per_sample_weights_backward": _embedding_bag_per_sample_weights_backward_meta,
+}
+
+
+def register_missing_meta_kernels() -> None:
+    """Give torch the Meta kernels it lacks for the ops npudet's implementations call, so they
+    run on fake and meta tensors (``torch.compile``, ``torch.export``, shape-only runs): those
+    of ``_MISSING_META`` that this torch has none for. Idempotent."""
+    missing = {
+        name: kernel
+        for name, kernel in _MISSING_META.items()
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta")
+    }
+    if _meta_libraries or not missing:
+        return
+    lib = torch.library.Library("aten", "IMPL")
+    for name, kernel in missing.items():
+        lib.impl(name, kernel, "Meta")
+    _meta_libraries.append(lib)

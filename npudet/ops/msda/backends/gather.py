@@ -14,8 +14,13 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from npudet.utils.torch_compat import register_missing_meta_kernels
+
 from ..inputs import MSDAInputs
 from ..registry import Kernel, MSDAImpl, register
+
+# embedding_bag's backward on fake / meta tensors (torch 2.1 lacks its Meta kernel).
+register_missing_meta_kernels()
 
 
 class CornerConstants(NamedTuple):
