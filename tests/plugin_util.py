@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -121,3 +122,14 @@ def train_tool(
         ],
         timeout=timeout,
     )
+
+
+def main_job_checkpoint() -> Optional[str]:
+    """The checkpoint ``bash tools/main_job.sh`` left in its work dir, if it ran here."""
+    pointer = Path(ROOT, "work_dirs", "main_job", "last_checkpoint")
+    if pointer.is_file():
+        path = Path(pointer.read_text().strip())
+        path = path if path.is_absolute() else Path(ROOT, path)
+        if path.is_file() and path.parent == pointer.parent:
+            return str(path)
+    return None

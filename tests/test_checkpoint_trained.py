@@ -2,7 +2,8 @@
 confident (slow): ``test_train_eval_e2e.py`` makes the same comparison on a 4-iteration
 model whose scores are 0.03-0.07, where a wrong MSDA might move scores too little to see.
 
-The small Deformable DETR config is trained with ``grid_sample`` for its own schedule
+The model is the main job's checkpoint when ``bash tools/main_job.sh`` ran in this checkout
+(the small config, 1,000 iterations), else the small config trained with ``grid_sample`` for its own schedule
 (``EPOCHS`` epochs, the learning rate dropped for the last) on ``TRAIN_IMAGES`` generated
 shapes images: ``EPOCHS * TRAIN_IMAGES / 4`` iterations of batch 4. Its checkpoint is then
 evaluated on the val images with each CPU implementation and with the negative control
@@ -17,7 +18,7 @@ from typing import Tuple
 import checkpoint_compare as compare
 import pytest
 from msda_perturbed import NAME as NEGATIVE
-from plugin_util import train_tool
+from plugin_util import main_job_checkpoint, train_tool
 
 from npudet.datasets import make_shapes_dataset
 from npudet.ops import msda_impls
@@ -34,9 +35,14 @@ IMPLS = ["grid_sample", "cpu", "gather", NEGATIVE]
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Tuple[str, str]:
-    """(shapes set root, checkpoint) of the small config trained with grid_sample."""
+    """(shapes set root, checkpoint): the main job's checkpoint when ``bash tools/main_job.sh``
+    ran here (1,000 iterations), else the small config trained here with grid_sample."""
     data = str(tmp_path_factory.mktemp("shapes"))
-    make_shapes_dataset(data, num_train=TRAIN_IMAGES, num_val=VAL_IMAGES, seed=5)
+    checkpoint = main_job_checkpoint()
+    train_images = 4 if checkpoint else TRAIN_IMAGES  # val images are what is evaluated
+    make_shapes_dataset(data, num_train=train_images, num_val=VAL_IMAGES, seed=5)
+    if checkpoint:
+        return data, checkpoint
     work = str(tmp_path_factory.mktemp("trained"))
     options = [
         f"train_cfg.max_epochs={EPOCHS}",

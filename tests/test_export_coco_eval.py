@@ -13,12 +13,10 @@ scores must match PyTorch within 1e-4.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pytest
-from plugin_util import ROOT, SMALL_DETR, data_options, run_tool
+from plugin_util import ROOT, SMALL_DETR, data_options, main_job_checkpoint, run_tool
 from test_export_detector import assert_matches, reference
 
 from npudet.datasets import make_shapes_dataset
@@ -27,17 +25,6 @@ from npudet.deploy.export import load_detector
 
 AP_TOLERANCE = 0.005
 NODES = ("gridsample", "npudet")
-
-
-def main_job_checkpoint() -> Optional[str]:
-    """The checkpoint ``bash tools/main_job.sh`` left in its work dir, if it ran here."""
-    pointer = Path(ROOT, "work_dirs", "main_job", "last_checkpoint")
-    if pointer.is_file():
-        path = Path(pointer.read_text().strip())
-        path = path if path.is_absolute() else Path(ROOT, path)
-        if path.is_file() and path.parent == pointer.parent:
-            return str(path)
-    return None
 
 
 @pytest.fixture(scope="module")
