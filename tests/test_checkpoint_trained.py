@@ -3,8 +3,8 @@ confident (slow): ``test_train_eval_e2e.py`` makes the same comparison on a 4-it
 model whose scores are 0.03-0.07, where a wrong MSDA might move scores too little to see.
 
 The model is the main job's checkpoint when ``bash tools/main_job.sh`` ran in this checkout
-(the small config, 1,000 iterations), else the small config trained with ``grid_sample`` for its own schedule
-(``EPOCHS`` epochs, the learning rate dropped for the last) on ``TRAIN_IMAGES`` generated
+(the small config, 1,000 iterations), else the small config trained with ``grid_sample``
+for its own schedule (``EPOCHS`` epochs, the learning rate dropped for the last) on ``TRAIN_IMAGES`` generated
 shapes images: ``EPOCHS * TRAIN_IMAGES / 4`` iterations of batch 4. Its checkpoint is then
 evaluated on the val images with each CPU implementation and with the negative control
 ``shifted_for_test`` (``msda_perturbed.py``).
