@@ -5,9 +5,9 @@ model whose scores are 0.03-0.07, where a wrong MSDA might move scores too littl
 The model is the main job's checkpoint when ``bash tools/main_job.sh`` ran in this checkout
 (the small config, 1,000 iterations), else the small config trained with ``grid_sample``
 for its own schedule (``EPOCHS`` epochs, the learning rate dropped for the last) on
-``TRAIN_IMAGES`` generated shapes images: ``EPOCHS * TRAIN_IMAGES / 4`` iterations of batch 4.
-The checkpoint is evaluated on the val images with each CPU implementation and with the negative control
-``shifted_for_test`` (``msda_perturbed.py``).
+``TRAIN_IMAGES`` generated shapes images (``EPOCHS * TRAIN_IMAGES / 4`` iterations of batch
+4). The checkpoint is evaluated on the val images with each CPU implementation and with the
+negative control ``shifted_for_test`` (``msda_perturbed.py``).
 """
 
 from __future__ import annotations
