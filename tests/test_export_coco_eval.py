@@ -75,6 +75,7 @@ def test_exported_model_keeps_the_coco_ap(trained, exported):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     onnx_ap = json.loads(metrics_file.read_text())
+    print(f"\n{exported.name}: ONNX Runtime {onnx_ap}\nPyTorch (grid_sample): {trained['ap']}")
     assert trained["ap"]["AP50"] >= 0.5, trained["ap"]  # the model is trained
     assert abs(onnx_ap["coco/bbox_mAP"] - trained["ap"]["AP"]) <= AP_TOLERANCE, (
         onnx_ap,
@@ -88,11 +89,12 @@ def test_exported_model_matches_pytorch_on_val_images(trained, exported):
     """Boxes (normalised) and scores within 1e-4 on val images, batches of 1 and 2."""
     model = load_detector(SMALL_DETR, trained["checkpoint"], "grid_sample").detector
     session = onnx_session(exported)
-    cfg = load_config(SMALL_DETR, trained["options"])
+    cfg = load_config(SMALL_DETR, dict(o.split("=", 1) for o in trained["options"]))
     for batch_size in (1, 2):
         _, data = next(preprocessed(cfg, test_loader(cfg, batch_size)))
         images = data["inputs"]  # the shapes set's images share one size: no padding
         got = [np.asarray(t) for t in session.run(None, {"images": images.numpy()})]
         want = reference(model, images)
         assert all(float(scores.max()) > 0.5 for _, scores, _ in want), "not trained?"
-        assert_matches(got, want, *images.shape[2:])
+        worst = assert_matches(got, want, *images.shape[2:])
+        print(f"\n{exported.name}, batch {batch_size}: largest differences {worst}")
