@@ -20,7 +20,7 @@ from plugin_util import ROOT, SMALL_DETR, data_options, main_job_checkpoint, run
 from test_export_detector import assert_matches, reference
 
 from npudet.datasets import make_shapes_dataset
-from npudet.deploy.evaluate import load_config, onnx_session, preprocessed, test_loader
+from npudet.deploy.evaluate import load_config, onnx_session, preprocessed, split_loader
 from npudet.deploy.export import load_detector
 
 AP_TOLERANCE = 0.005
@@ -91,7 +91,7 @@ def test_exported_model_matches_pytorch_on_val_images(trained, exported):
     session = onnx_session(exported)
     cfg = load_config(SMALL_DETR, dict(o.split("=", 1) for o in trained["options"]))
     for batch_size in (1, 2):
-        _, data = next(preprocessed(cfg, test_loader(cfg, batch_size)))
+        _, data = next(preprocessed(cfg, split_loader(cfg, batch_size)))
         images = data["inputs"]  # the shapes set's images share one size: no padding
         got = [np.asarray(t) for t in session.run(None, {"images": images.numpy()})]
         want = reference(model, images)

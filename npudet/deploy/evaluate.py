@@ -70,7 +70,7 @@ def load_config(config: str, cfg_options: Optional[dict] = None) -> Config:
     return cfg
 
 
-def test_loader(cfg: Config, batch_size: int = 1):
+def split_loader(cfg: Config, batch_size: int = 1):
     """The config's test dataloader at ``batch_size``."""
     from mmengine.runner import Runner
 
@@ -101,7 +101,7 @@ def evaluate_onnx(
     from mmengine.structures import InstanceData
 
     cfg = load_config(config, cfg_options)
-    loader = test_loader(cfg)
+    loader = split_loader(cfg)
     evaluator = Evaluator(cfg.test_evaluator)
     evaluator.dataset_meta = loader.dataset.metainfo
     session = onnx_session(model, threads)
