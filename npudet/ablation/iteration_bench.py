@@ -50,6 +50,11 @@ LOSS_RTOLS = (1e-5, 1e-3)
 CONTROL_FACTOR = 3.0
 
 
+def relative_deviations(losses: Sequence[float], reference: Sequence[float]) -> List[float]:
+    """|loss - reference| / |reference| per iteration."""
+    return [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference)]
+
+
 def loss_bounds(runs: Dict[str, Dict[str, Any]], reference: str) -> List[float]:
     """The relative bound per judged iteration: LOSS_RTOLS, widened to CONTROL_FACTOR times
     the deviation of the reference's round-off controls where they ran."""
@@ -58,10 +63,8 @@ def loss_bounds(runs: Dict[str, Dict[str, Any]], reference: str) -> List[float]:
     for name, rec in runs.items():
         run = parse_run_name(name)
         if run.impl == reference and run.control:
-            for k, (got, want) in enumerate(zip(rec["loss"], ref)):
-                if k < len(bounds):
-                    dev = abs(got - want) / max(abs(want), 1e-12)
-                    bounds[k] = max(bounds[k], CONTROL_FACTOR * dev)
+            for k, dev in enumerate(relative_deviations(rec["loss"], ref)[: len(bounds)]):
+                bounds[k] = max(bounds[k], CONTROL_FACTOR * dev)
     return bounds
 
 
@@ -115,7 +118,7 @@ def summarise(runs: Dict[str, Dict[str, Any]], reference: str, warmup: int) -> D
         iter_ms = _median(rec["iter_ms"], warmup)
         iter_cpu_ms = _median(rec["iter_cpu_ms"], warmup)
         abs_dev = [abs(a - b) for a, b in zip(rec["loss"], ref["loss"])]
-        rel_dev = [d / max(abs(b), 1e-12) for d, b in zip(abs_dev, ref["loss"])]
+        rel_dev = relative_deviations(rec["loss"], ref["loss"])
         out[impl] = {
             "iter_ms": iter_ms,
             "speedup": ref_iter / iter_ms,
