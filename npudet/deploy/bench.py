@@ -44,7 +44,7 @@ from npudet.ops.msda.bench.provenance import git_commit
 from npudet.utils.pretrained import drop_pretrained
 
 from .detector import DetectorGraph, example_images
-from .ort_custom_ops import ort_library
+from .ort_custom_ops import ort_library, ort_session
 from .ort_profile import profile_session
 
 ROUTES: Dict[str, str] = {
@@ -223,19 +223,6 @@ def eager_runner(graph: DetectorGraph, impl: str) -> Runner:
             return [t.numpy() for t in graph(images)]
 
     return run
-
-
-def ort_session(path: Path, threads: int, library: Optional[Path], options: Any = None) -> Any:
-    """An ONNX Runtime CPU session of ``path`` with ``threads`` intra-op threads (and the
-    custom-op ``library`` registered if given), on ``options`` (default: fresh ones)."""
-    import onnxruntime as ort
-
-    options = options or ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    if library is not None:
-        options.register_custom_ops_library(str(library))
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def ort_runner(path: Path, threads: int, library: Optional[Path] = None) -> Runner:

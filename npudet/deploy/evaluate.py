@@ -23,7 +23,7 @@ from mmengine.config import Config, DictAction
 from npudet.engine.cli import fail
 
 from .onnx_nodes import FLAVOURS
-from .ort_custom_ops import ort_library
+from .ort_custom_ops import ort_library, ort_session
 
 # The fused nodes npudet's ONNX Runtime library runs; the others need their engine (ATC).
 ORT_LIBRARY_DOMAINS = ("npudet", "mmdeploy")
@@ -34,7 +34,6 @@ def onnx_session(path: str | Path, threads: Optional[int] = None):
     when the graph holds a fused MSDA node it runs. ``threads``: intra-op threads (default:
     ONNX Runtime's). ValueError naming the node for a flavour only its engine runs."""
     import onnx
-    import onnxruntime as ort
 
     domains = {node.domain for node in onnx.load(str(path), load_external_data=False).graph.node}
     engine_only = sorted(d for d in domains & set(FLAVOURS) if d not in ORT_LIBRARY_DOMAINS)
@@ -44,12 +43,8 @@ def onnx_session(path: str | Path, threads: Optional[int] = None):
             f"model: {flavour.domain}::{flavour.op_type} runs in {flavour.runs_on}, not in ONNX "
             f"Runtime; export with --msda-node gridsample or npudet to run it here"
         )
-    options = ort.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
-    if domains & set(ORT_LIBRARY_DOMAINS):
-        options.register_custom_ops_library(str(ort_library()))
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    library = ort_library() if domains & set(ORT_LIBRARY_DOMAINS) else None
+    return ort_session(path, threads, library)
 
 
 def to_original(boxes: np.ndarray, scale_factor: Sequence[float]) -> np.ndarray:

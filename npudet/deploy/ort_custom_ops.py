@@ -23,7 +23,7 @@ import hashlib
 import os
 import subprocess
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import torch
 
@@ -132,3 +132,20 @@ def ort_library(timeout: float = 900.0, march: Optional[str] = None) -> Path:
         partial.replace(library)
     _built[march] = library
     return library
+
+
+def ort_session(
+    path: Path, threads: Optional[int], library: Optional[Path], options: Any = None
+) -> Any:
+    """An ONNX Runtime CPU session of ``path`` with ``threads`` intra-op threads (None: ONNX
+    Runtime's default; given, inter-op 1) and the custom-op ``library`` registered if given,
+    on ``options`` (default: fresh ones)."""
+    import onnxruntime as ort
+
+    options = options or ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    if library is not None:
+        options.register_custom_ops_library(str(library))
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
