@@ -150,6 +150,24 @@ inline void prefetch_ahead(const T* base, int64_t row, int64_t rows, int64_t cou
   if (row + kStreamAhead < rows) prefetch_row<0>(base + (row + kStreamAhead) * count, count);
 }
 
+// The pixel coordinate of a normalised location along an axis of `size` pixels, computed
+// as grid_sample(align_corners=False) computes it after mmcv's `2 * loc - 1`:
+// ((2 loc - 1) + 1) * size / 2 - 0.5, the last step one fused multiply-add where the
+// instruction set has one (ATen's AVX2/AVX512 CPU kernels contract it, its DEFAULT kernel
+// does not). `loc * size - 0.5` is the same number in exact arithmetic, but mmcv's initial
+// offsets put most samples exactly on pixel centres, where the location gradient is
+// one-sided and the last bit of this arithmetic picks the side: computed differently, ~1%
+// of those gradients took the other side and training parted from grid_sample's.
+template <typename T>
+inline T unnormalize(T loc, T size) {
+  const T grid = T(2) * loc - T(1);
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+  return std::fma(grid + T(1), size * T(0.5), T(-0.5));
+#else
+  return (grid + T(1)) * (size * T(0.5)) - T(0.5);
+#endif
+}
+
 // Fractions, weights, top-left corners and in-map flags of a row's n samples (x, y
 // interleaved in xy), branch-free so that the compiler vectorises it.
 template <typename T>
@@ -158,8 +176,8 @@ inline void plan_samples(const T* __restrict xy, const T* __restrict Hf, const T
                          int32_t* __restrict x0, int32_t* __restrict y0,
                          int32_t* __restrict in) {
   for (int64_t i = 0; i < n; ++i) {
-    const T xr = xy[2 * i] * Wf[i] - T(0.5);
-    const T yr = xy[2 * i + 1] * Hf[i] - T(0.5);
+    const T xr = unnormalize(xy[2 * i], Wf[i]);
+    const T yr = unnormalize(xy[2 * i + 1], Hf[i]);
     const bool inside = (yr >= T(-1)) & (xr >= T(-1)) & (yr < Hf[i]) & (xr < Wf[i]);
     const T x = inside ? xr : T(0), y = inside ? yr : T(0);
     const T xf = std::floor(x), yf = std::floor(y);
@@ -180,7 +198,7 @@ inline void plan_samples(const T* __restrict xy, const T* __restrict Hf, const T
 
 // Plans row (b, q, h) and, with PREFETCH, prefetches its corner rows of value and (in
 // the backward, gvalue != nullptr) of the grad_value rows written at gvalue + off - gshift.
-// Semantics of grid_sample(bilinear, zeros, align_corners=False): x = loc_x * W - 0.5; a
+// Semantics of grid_sample(bilinear, zeros, align_corners=False): x = unnormalize(loc_x, W); a
 // sample with no corner inside the map (also NaN/inf, which fail every comparison) gets
 // zero weights and no corners. x = -1 is kept: its right corner has weight 0 but a
 // gradient, exactly as in grid_sample.

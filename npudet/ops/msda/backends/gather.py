@@ -43,6 +43,33 @@ def corner_constants(
     return CornerConstants(offsets, offsets.bool(), b * (num_keys * num_heads) + h)
 
 
+# Whether ATen's CPU grid_sample fuses its unnormalisation's multiply-add (its AVX2 and
+# AVX512 kernels do, the DEFAULT one does not); read once, a constant under torch.compile.
+_CPU_FUSED_UNNORMALIZE = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+
+
+def pixel_coordinates(locations: torch.Tensor, extent: torch.Tensor) -> torch.Tensor:
+    """Pixel coordinates (..., 2) of normalised locations (..., 2) on maps of ``extent``
+    (W, H), computed as ``grid_sample(align_corners=False)`` computes them after mmcv's
+    ``2 * loc - 1``: ``((2 loc - 1) + 1) * extent / 2 - 0.5``, the last multiply-add
+    rounded once on CPU (where ATen fuses it) and CUDA.
+
+    ``loc * extent - 0.5`` is the same number in exact arithmetic, but mmcv's initial
+    offsets put most samples exactly on pixel centres, where the location gradient is
+    one-sided and the last bit picks the side: computed differently, ~1% of those
+    gradients took the other side and training parted from grid_sample's.
+    """
+    shifted = (2 * locations - 1) + 1
+    half = extent / 2
+    fused = locations.device.type == "cuda" or (
+        locations.device.type == "cpu" and _CPU_FUSED_UNNORMALIZE
+    )
+    if fused and locations.dtype == torch.float32:
+        # float64 holds the float32 product exactly: one rounding, as a fused multiply-add
+        return (shifted.double() * half.double() - 0.5).float()
+    return shifted * half - 0.5
+
+
 def _index_dtype(batch: int, num_keys: int, num_heads: int) -> torch.dtype:
     # int32 rows where they fit: embedding_bag's backward sorts them, ~30% faster.
     return torch.int32 if batch * num_keys * num_heads < 2**31 else torch.int64
@@ -73,7 +100,7 @@ def bilinear_corners(
     if constants is None:
         constants = corner_constants(bs, num_keys, num_heads, sampling_locations.device)
     extent = spatial_shapes.flip(-1).to(coord_dtype).view(num_levels, 1, 1, 2)  # (W, H)
-    pixel = sampling_locations.to(coord_dtype) * extent.squeeze(-2) - 0.5
+    pixel = pixel_coordinates(sampling_locations.to(coord_dtype), extent.squeeze(-2))
     # NaN/inf coordinates become an off-map point, so no NaN reaches any gradient.
     pixel = torch.where(torch.isfinite(pixel), pixel, -2.0)
     low = pixel.floor()
