@@ -26,9 +26,16 @@ def main() -> None:
     parser.add_argument("--commit", default=None, help="commit the run trained at (default HEAD)")
     parser.add_argument("--command", action="append", default=[], help="a command of the run")
     parser.add_argument("--note", default=None, help="anything else to say (e.g. machine load)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads the run trained on (default: this process's, i.e. the same settings)",
+    )
     args = parser.parse_args()
     info = machine_info()
-    cpu = f"{info['cpu_model']}, {os.cpu_count()} cores, {info['threads']} torch threads"
+    threads = args.threads or info["threads"]
+    cpu = f"{info['cpu_model']}, {os.cpu_count()} cores, {threads} torch threads"
     record = store_run(
         args.work_dir,
         args.out,
