@@ -25,6 +25,7 @@ from npudet.ablation.iteration_bench import (
     loss_bounds,
     summarise,
 )
+from npudet.ablation.iteration_report import term_deviations, term_lines
 from npudet.ablation.roundoff_control import parse_run_name
 from npudet.ablation.time_split import PHASES
 
@@ -72,8 +73,11 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
     ]
     for impl in IMPLS:
         run = result["runs"][impl]
-        assert len(run["loss"]) == len(run["iter_ms"]) == ITERS
+        assert len(run["loss"]) == len(run["iter_ms"]) == len(run["loss_terms"]) == ITERS
         assert all(math.isfinite(x) for x in run["loss"])
+        # mmdet's total is the sum of the logged terms (encoder, decoder layers, denoising)
+        for total, terms in zip(run["loss"], run["loss_terms"]):
+            assert len(terms) > 10 and math.isclose(sum(terms.values()), total, rel_tol=1e-5)
         assert run["peak_rss_mb"] > 100
         # 3 encoder + 3 decoder layers, each iteration
         assert run["msda_calls"] == 6
@@ -113,6 +117,23 @@ def test_round_off_control_widens_only_its_iterations_bounds() -> None:
     assert agree == {"stock": True, "cpu": True, "gather": False, "grid_sample": False}
     assert summary["stock@1"]["control"] and not goals(summary, "stock")["losses_agree"]
     assert loss_bounds({k: runs[k] for k in ("stock", "cpu")}, "stock") == list(LOSS_RTOLS)
+
+
+def test_term_deviations_name_the_terms_that_part_first() -> None:
+    """The report names, per run, the loss terms furthest from the reference's at an
+    iteration; runs stored without per-term losses are left out."""
+    ref = _run([3.0, 2.0])
+    ref["loss_terms"] = [{"loss_cls": 1.0, "loss_bbox": 2.0}, {"loss_cls": 0.5, "loss_bbox": 1.5}]
+    other = _run([3.001, 2.0])
+    other["loss_terms"] = [{"loss_cls": 1.0, "loss_bbox": 2.001}, dict(ref["loss_terms"][1])]
+    result = {"reference": "cpu", "runs": {"cpu": ref, "gather": other, "old": _run([3.0, 2.0])}}
+    devs = term_deviations(result, 0)
+    assert list(devs) == ["gather"]
+    assert devs["gather"][0][0] == "loss_bbox"
+    assert devs["gather"][0][1] == pytest.approx(1e-3)
+    assert devs["gather"][1] == ("loss_cls", 0.0, 1.0)
+    assert "`gather`: loss_bbox 1.0e-03 (of 2.0000)" in term_lines(result)
+    assert term_deviations(result, 2) == {}
 
 
 def test_control_names() -> None:

@@ -10,9 +10,9 @@
 builds the runner (``stock``: mmdet's config and classes, npudet's plugin never imported,
 see :mod:`.bench_config`), loads the shared initial weights (strict: the same parameter
 names), reseeds, trains N iterations and writes ``WORK_DIR/record.json``: ``loss`` [N],
-``iter_ms`` [N], ``iter_cpu_ms`` [N], ``phases`` {phase: [N] ms} (:mod:`.time_split`),
-``msda_calls``, ``peak_rss_mb``, ``detector``, ``msda_layer_classes``, ``msda_impls``,
-``npudet_modules``.
+``loss_terms`` [N] {term: value}, ``iter_ms`` [N], ``iter_cpu_ms`` [N], ``phases``
+{phase: [N] ms} (:mod:`.time_split`), ``msda_calls``, ``peak_rss_mb``, ``detector``,
+``msda_layer_classes``, ``msda_impls``, ``npudet_modules``.
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
     record = {
         "impl": spec["impl"],
         "loss": recorder.losses,
+        "loss_terms": recorder.terms,
         "iter_ms": [r["iter_ms"] for r in splitter.records],
         "iter_cpu_ms": [r["iter_cpu_ms"] for r in splitter.records],
         "phases": {p: [r[p] for r in splitter.records] for p in PHASES},

@@ -4,7 +4,7 @@ stacked bar plot of each run's time split."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from npudet.utils.json_io import write_json_atomic
 
@@ -108,6 +108,42 @@ def markdown_table(result: Dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def term_deviations(
+    result: Dict[str, Any], iteration: int, top: int = 3
+) -> Dict[str, List[Tuple[str, float, float]]]:
+    """Per run (not the reference), the ``top`` loss terms furthest from the reference's at
+    ``iteration``: ``(term, absolute deviation, reference value)``, largest first; runs
+    without per-term losses (stored before they were recorded) are left out."""
+    ref = result["runs"][result["reference"]].get("loss_terms")
+    out: Dict[str, List[Tuple[str, float, float]]] = {}
+    if not ref or len(ref) <= iteration:
+        return out
+    for name, run in result["runs"].items():
+        terms = run.get("loss_terms")
+        if name == result["reference"] or not terms or len(terms) <= iteration:
+            continue
+        got, want = terms[iteration], ref[iteration]
+        devs = [(k, abs(got[k] - want[k]), want[k]) for k in want if k in got]
+        out[name] = sorted(devs, key=lambda d: -d[1])[:top]
+    return out
+
+
+def term_lines(result: Dict[str, Any], iteration: int = 0) -> str:
+    """Markdown: where each run's iteration-``iteration`` loss parts from the reference's."""
+    devs = term_deviations(result, iteration)
+    if not devs:
+        return ""
+    lines = [
+        f"Loss terms furthest from `{result['reference']}`'s at iteration {iteration} "
+        "(absolute deviation, the reference's value):",
+        "",
+    ]
+    for name, rows in devs.items():
+        parts = ", ".join(f"{k} {d:.1e} (of {v:.4f})" for k, d, v in rows)
+        lines.append(f"- `{name}`: {parts}")
+    return "\n".join(lines) + "\n"
+
+
 def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
     """Median iteration time per run as bars stacked by phase."""
     import matplotlib
@@ -146,6 +182,7 @@ def write_outputs(result: Dict[str, Any], json_path: str) -> None:
     write_json_atomic(json_path, result)
     stem = os.path.splitext(json_path)[0]
     with open(stem + ".md", "w") as f:
-        f.write(f"{header(result)}\n\n{markdown_table(result)}")
+        terms = term_lines(result)
+        f.write(f"{header(result)}\n\n{markdown_table(result)}" + (f"\n{terms}" if terms else ""))
     name = os.path.splitext(os.path.basename(result["config"]))[0]
     plot_time_split(result, stem + "_split.png", f"{name}\ntime per iteration, {result['input']}")

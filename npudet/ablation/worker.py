@@ -35,17 +35,21 @@ from .bench_config import short_training
 
 
 class LossRecorderHook(Hook):
-    """Keeps the total training loss of every iteration."""
+    """Keeps the total training loss of every iteration (``losses``) and every logged loss
+    term (``terms``: one ``{name: value}`` per iteration, e.g. ``d0.loss_cls``)."""
 
     priority = "LOW"
 
     def __init__(self) -> None:
         self.losses: List[float] = []
+        self.terms: List[Dict[str, float]] = []
 
     def after_train_iter(
         self, runner: Any, batch_idx: int, data_batch: DataBatch = None, outputs: Outputs = None
     ) -> None:
-        self.losses.append(float((outputs or {})["loss"]))
+        outputs = outputs or {}
+        self.losses.append(float(outputs["loss"]))
+        self.terms.append({k: float(v) for k, v in outputs.items() if "loss" in k and k != "loss"})
 
 
 def ablation_config(spec: Dict[str, Any]) -> Config:
