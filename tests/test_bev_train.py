@@ -1,4 +1,4 @@
-"""The small BEV config trained end to end on the built-in set (slow: about 23 minutes)."""
+"""The small BEV config trained end to end on the built-in set (slow: 8 epochs of training)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def untrained_metrics(data_root: str, work_dir: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3000)
+@pytest.mark.timeout(5400)
 def test_small_bev_beats_untrained(tmp_path) -> None:
     from npudet.bev.infos.synthetic import make_bev_dataset
 
@@ -41,13 +41,13 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
     work = tmp_path / "train"
     roots = [f"{key}.dataset.data_root={data_root}" for key in LOADERS]
     proc = run_tool(
-        ["tools/train.py", CONFIG, "--work-dir", str(work), "--cfg-options", *roots], timeout=2400
+        ["tools/train.py", CONFIG, "--work-dir", str(work), "--cfg-options", *roots], timeout=4800
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (log,) = glob.glob(str(work / "*" / "vis_data" / "scalars.json"))
     with open(log) as f:
         final = [json.loads(line) for line in f if "bev/mAP" in line][-1]
-    # The recipe reached mAP 0.531 (class APs 0.49-0.58); 0.2 leaves room for noise.
+    # The recipe reached mAP 0.60 (class APs 0.51-0.66); 0.2 leaves room for noise.
     assert final["bev/mAP"] >= max(0.2, 10 * before["bev/mAP"]), (before, final)
     for name in ("car", "truck", "pedestrian"):
         assert final[f"bev/AP/{name}"] > 0, (name, final)
@@ -58,7 +58,7 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
     assert final["bev/mAVE"] < 0.45, final
     # heading is learned from the painted fronts: random is ~1.57 rad, one colour per box
     # left the model at 1.30 (ambiguous by pi), the ego-frame yaw code at 1.34 (one heading
-    # per class)
+    # per class); the config reached 0.24
     assert final["bev/mAOE"] <= 0.5, final
     for key, bar in BARS.items():
         assert final[f"bev/{key}"] >= bar, (key, final)

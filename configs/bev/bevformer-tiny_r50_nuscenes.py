@@ -10,7 +10,9 @@
 #   self-attention samples the previous BEV at cells moved by the ego poses (ego2global) in
 #   place of BEVFormer's CAN-bus input, rotate_prev_bev and use_shift (npudet's infos carry
 #   poses, no CAN-bus signals); no GIoU loss (BEVFormer's weight is 0); the velocity read
-#   from the previous BEV (history_velocity) and the box-code weights are the small config's.
+#   from the previous BEV (history_velocity), the box-code weights and the heading coded
+#   along the line of sight (yaw_frame='ray') are the small config's, so tuning those there
+#   changes this model's losses too.
 # - no GridMask and no photometric distortion (npudet's pipeline has neither), and images
 #   are not padded to a multiple of 32 (800x450 instead of BEVFormer's 800x480).
 _base_ = ['./bev-small_r18_synthetic.py']

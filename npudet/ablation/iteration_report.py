@@ -47,7 +47,11 @@ def header(result: Dict[str, Any]) -> str:
         if controls
         else ""
     )
-    run_commits = {n: r["commit"][:10] for n, r in result["runs"].items() if "commit" in r}
+    run_commits = {
+        n: r["commit"][:10]
+        for n, r in result["runs"].items()
+        if r.get("commit", result["commit"]) != result["commit"]
+    }
     commits = (
         " Runs added later, at their commits: "
         + ", ".join(f"`{n}` {c}" for n, c in run_commits.items())
