@@ -47,7 +47,7 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
     (log,) = glob.glob(str(work / "*" / "vis_data" / "scalars.json"))
     with open(log) as f:
         final = [json.loads(line) for line in f if "bev/mAP" in line][-1]
-    # The recipe reached mAP 0.60 (class APs 0.51-0.66); 0.2 leaves room for noise.
+    # The recipe reached mAP 0.62 (class APs 0.53-0.69); 0.2 leaves room for noise.
     assert final["bev/mAP"] >= max(0.2, 10 * before["bev/mAP"]), (before, final)
     for name in ("car", "truck", "pedestrian"):
         assert final[f"bev/AP/{name}"] > 0, (name, final)
@@ -58,7 +58,7 @@ def test_small_bev_beats_untrained(tmp_path) -> None:
     assert final["bev/mAVE"] < 0.45, final
     # heading is learned from the painted fronts: random is ~1.57 rad, one colour per box
     # left the model at 1.30 (ambiguous by pi), the ego-frame yaw code at 1.34 (one heading
-    # per class); the config reached 0.24
+    # per class); the config reached 0.18
     assert final["bev/mAOE"] <= 0.5, final
     for key, bar in BARS.items():
         assert final[f"bev/{key}"] >= bar, (key, final)
