@@ -25,7 +25,7 @@ from npudet.ablation.iteration_bench import (
     loss_bounds,
     summarise,
 )
-from npudet.ablation.iteration_report import term_deviations, term_lines
+from npudet.ablation.iteration_report import matching_lines, term_deviations, term_lines
 from npudet.ablation.roundoff_control import parse_run_name
 from npudet.ablation.time_split import PHASES
 
@@ -79,6 +79,11 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
         for total, terms in zip(run["loss"], run["loss_terms"]):
             assert len(terms) > 10 and math.isclose(sum(terms.values()), total, rel_tol=1e-5)
         assert run["peak_rss_mb"] > 100
+        # every Hungarian matching recorded (decoder layers and the encoder's proposals), the
+        # same calls in every run; a differing one must be a near tie broken stock's way
+        assert len(run["matching"]) == ITERS and all(run["matching"])
+        assert len(run["matching"][0]) == len(stock["matching"][0]) >= 4
+        assert all(t["adopted"] for t in run["matching_ties"]), run["matching_ties"]
         # 3 encoder + 3 decoder layers, each iteration
         assert run["msda_calls"] == 6
         for i in range(ITERS):
@@ -134,6 +139,24 @@ def test_term_deviations_name_the_terms_that_part_first() -> None:
     assert devs["gather"][1] == ("loss_cls", 0.0, 1.0)
     assert "`gather`: loss_bbox 1.0e-03 (of 2.0000)" in term_lines(result)
     assert term_deviations(result, 2) == {}
+
+
+def test_matching_lines_say_where_a_run_matched_otherwise() -> None:
+    ref, tied, same = _run([3.0]), _run([3.0]), _run([3.0])
+    for run in (ref, tied, same):
+        run["matching"] = [[[[0, 0]], [[1, 0]]]]
+    ref["matching_ties"], same["matching_ties"] = [], []
+    tied["matching_ties"] = [
+        {"iteration": 0, "call": 1, "queries": 2, "gap": 1e-7, "rel_gap": 2e-7, "adopted": True}
+    ]
+    runs = {"cpu": ref, "grid_sample": tied, "gather": same, "old": _run([3.0])}
+    text = matching_lines({"reference": "cpu", "runs": runs})
+    assert "`grid_sample`: iteration 0, assigner call 2 of 2: 2 queries" in text
+    assert "2e-07 of the total more (a tie, the reference's taken)" in text
+    assert "`gather`: every matching the reference's" in text
+    assert "`old`" not in text and "- `cpu`" not in text
+    tied["matching_ties"][0].update(adopted=False, rel_gap=0.3)
+    assert "**not a tie, kept**" in matching_lines({"reference": "cpu", "runs": runs})
 
 
 def test_control_names() -> None:

@@ -151,11 +151,16 @@ def goals(summary: Dict[str, Any], reference: str) -> Dict[str, Any]:
     return result
 
 
+def reference_run(impls: Sequence[str]) -> str:
+    """The run the others are compared with: ``stock`` when run, else the first."""
+    return "stock" if "stock" in impls else impls[0]
+
+
 def resummarise(result: Dict[str, Any]) -> bool:
     """(Re)compute ``result``'s summary and goals from its runs with this module's criteria,
     in place; False while the reference (stock when asked for, else the first) has not run."""
     impls = result["impls"]
-    reference = "stock" if "stock" in impls else impls[0]
+    reference = reference_run(impls)
     result["complete"] = all(i in result["runs"] for i in impls)
     if reference not in result["runs"]:
         return False
@@ -235,7 +240,9 @@ def bench_iteration(
     }
     if keep_runs and json_out and os.path.isfile(json_out):
         result = _stored_runs(json_out, result)
-    for name in result["impls"]:
+    reference = reference_run(result["impls"])
+    # the reference first: the other runs break Hungarian near ties its way (.matching)
+    for name in sorted(result["impls"], key=lambda n: n != reference):
         if name in result["runs"]:
             continue
         run = parse_run_name(name)
@@ -251,13 +258,27 @@ def bench_iteration(
             seed=seed,
             threads=run_threads,
             work_dir=os.path.join(work_dir, name),
+            reference_matching=_reference_matching(result, reference, work_dir),
         )
         record = run_variant(spec, run_threads, module="npudet.ablation.iteration_child")
         result["runs"][name] = {**record, "commit": git_commit(), "threads": run_threads}
+        result["runs"] = {n: result["runs"][n] for n in result["impls"] if n in result["runs"]}
         # after every run, so an interrupted benchmark keeps the runs that finished
         if resummarise(result) and json_out:
             write_outputs(result, json_out)
     return result
+
+
+def _reference_matching(result: Dict[str, Any], reference: str, work_dir: str) -> Optional[str]:
+    """A JSON file of the reference run's Hungarian matchings for the next run's spec; None
+    for the reference itself or a stored reference that has none."""
+    matching = result["runs"].get(reference, {}).get("matching")
+    if not matching:
+        return None
+    path = os.path.join(work_dir, "reference_matching.json")
+    with open(path, "w") as f:
+        json.dump(matching, f)
+    return path
 
 
 def _stored_runs(json_path: str, fresh: Dict[str, Any]) -> Dict[str, Any]:

@@ -5,18 +5,20 @@
     {"config": path, "impl": "stock" | an MSDA implementation, "perturb_ulp": false,
      "data": {"kind": "coco" |
      "bev", "root": dir, "width": W, "height": H}, "iters": N, "init_weights": path,
-     "seed": 0, "threads": 2, "work_dir": dir}
+     "seed": 0, "threads": 2, "work_dir": dir, "reference_matching": path | null}
 
 builds the runner (``stock``: mmdet's config and classes, npudet's plugin never imported,
 see :mod:`.bench_config`), loads the shared initial weights (strict: the same parameter
 names), reseeds, trains N iterations and writes ``WORK_DIR/record.json``: ``loss`` [N],
-``loss_terms`` [N] {term: value}, ``iter_ms`` [N], ``iter_cpu_ms`` [N], ``phases``
-{phase: [N] ms} (:mod:`.time_split`), ``msda_calls``, ``peak_rss_mb``, ``detector``,
-``msda_layer_classes``, ``msda_impls``, ``npudet_modules``.
+``loss_terms`` [N] {term: value}, ``matching`` and ``matching_ties`` (:mod:`.matching`;
+``reference_matching``: a JSON file of the reference run's ``matching``), ``iter_ms`` [N],
+``iter_cpu_ms`` [N], ``phases`` {phase: [N] ms} (:mod:`.time_split`), ``msda_calls``,
+``peak_rss_mb``, ``detector``, ``msda_layer_classes``, ``msda_impls``, ``npudet_modules``.
 """
 
 from __future__ import annotations
 
+import json
 import resource
 import sys
 import warnings
@@ -28,6 +30,7 @@ from mmengine.runner import Runner, set_random_seed
 
 from .bench_config import load_config, prepare_for_bench
 from .bench_data import use_bev_frames, use_coco_images
+from .matching import MatchingRecorder
 from .roundoff_control import perturb_mmcv_output
 from .time_split import PHASES, TimeSplitHook, time_mmcv_sampling
 from .worker import LossRecorderHook, save_record, spec_main
@@ -79,7 +82,13 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
     torch.set_num_threads(int(spec["threads"]))
     splitter = TimeSplitHook(observe_op=not stock)
     recorder = LossRecorderHook()
-    for hook in (InitialStateHook(spec["init_weights"], int(spec["seed"])), splitter, recorder):
+    reference = None
+    if spec.get("reference_matching"):
+        with open(spec["reference_matching"]) as f:
+            reference = json.load(f)
+    matching = MatchingRecorder(reference)
+    initial = InitialStateHook(spec["init_weights"], int(spec["seed"]))
+    for hook in (initial, splitter, recorder, matching):
         runner.register_hook(hook)
     # The perturbation first, so the timer wraps (and times) the perturbed sampling.
     undo_ulp = perturb_mmcv_output(int(spec["seed"])) if spec.get("perturb_ulp") else None
@@ -96,6 +105,8 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
         "impl": spec["impl"],
         "loss": recorder.losses,
         "loss_terms": recorder.terms,
+        "matching": matching.pairs,
+        "matching_ties": matching.ties,
         "iter_ms": [r["iter_ms"] for r in splitter.records],
         "iter_cpu_ms": [r["iter_cpu_ms"] for r in splitter.records],
         "phases": {p: [r[p] for r in splitter.records] for p in PHASES},

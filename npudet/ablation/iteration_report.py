@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Tuple
 
 from npudet.utils.json_io import write_json_atomic
 
+from .matching import TIE_RTOL
 from .time_split import PHASES
 
 PHASE_LABELS = {
@@ -72,6 +73,11 @@ def header(result: Dict[str, Any]) -> str:
         f"{', '.join(f'{t:g}' for t in bounds)} for k = 0, 1, ...{widened} (later "
         f"iterations are reported, not judged: npudet.ablation.iteration_bench.LOSS_RTOLS "
         f"says why)."
+        + (
+            " Hungarian near ties are broken the reference's way (listed below the table)."
+            if any("matching_ties" in r for r in result["runs"].values())
+            else ""
+        )
         + (f" Not run (interrupted): {', '.join(missing)}." if missing else "")
         + commits
     )
@@ -148,6 +154,38 @@ def term_lines(result: Dict[str, Any], iteration: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def matching_lines(result: Dict[str, Any]) -> str:
+    """Markdown: per run (not the reference), where its Hungarian matching differed from the
+    reference's and whether that was a near tie broken the reference's way (:mod:`.matching`);
+    runs stored before matchings were recorded are left out."""
+    lines = []
+    for name, run in result["runs"].items():
+        ties = run.get("matching_ties")
+        if name == result["reference"] or ties is None:
+            continue
+        if not ties:
+            lines.append(f"- `{name}`: every matching the reference's")
+            continue
+        parts = []
+        for t in ties:
+            calls = len(run["matching"][t["iteration"]])
+            verdict = "a tie, the reference's taken" if t["adopted"] else "**not a tie, kept**"
+            parts.append(
+                f"iteration {t['iteration']}, assigner call {t['call'] + 1} of {calls}: "
+                f"{t['queries']} queries, the reference's matching costs {t['rel_gap']:.0e} "
+                f"of the total more ({verdict})"
+            )
+        lines.append(f"- `{name}`: " + "; ".join(parts))
+    if not lines:
+        return ""
+    head = (
+        f"Hungarian matchings that differ from `{result['reference']}`'s (a near tie: the "
+        f"reference's matching costs at most {TIE_RTOL:g} of the total more under the run's "
+        "own costs; ties are broken the reference's way, so the losses compare one matching):"
+    )
+    return head + "\n\n" + "\n".join(lines) + "\n"
+
+
 def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
     """Median iteration time per run as bars stacked by phase."""
     import matplotlib
@@ -186,7 +224,7 @@ def write_outputs(result: Dict[str, Any], json_path: str) -> None:
     write_json_atomic(json_path, result)
     stem = os.path.splitext(json_path)[0]
     with open(stem + ".md", "w") as f:
-        terms = term_lines(result)
-        f.write(f"{header(result)}\n\n{markdown_table(result)}" + (f"\n{terms}" if terms else ""))
+        notes = [n for n in (term_lines(result), matching_lines(result)) if n]
+        f.write(f"{header(result)}\n\n{markdown_table(result)}" + "".join(f"\n{n}" for n in notes))
     name = os.path.splitext(os.path.basename(result["config"]))[0]
     plot_time_split(result, stem + "_split.png", f"{name}\ntime per iteration, {result['input']}")
