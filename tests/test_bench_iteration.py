@@ -60,6 +60,7 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
     assert result["reference"] == "stock" and result["input"] == "160x160"
     assert result["machine"]["cpu_model"] and result["machine"]["aten_capability"]
     assert list(result["runs"]) == list(IMPLS) == list(result["summary"])
+    assert {run["commit"] for run in result["runs"].values()} == {result["commit"]}
     assert os.path.isfile(str(out).replace(".json", ".md"))
     assert os.path.isfile(str(out).replace(".json", "_split.png"))
 

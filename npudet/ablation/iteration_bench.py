@@ -219,6 +219,9 @@ def bench_iteration(
     import mmdet
     import torch
 
+    # taken before anything is written: the result file may be tracked, and writing it after
+    # the first run would mark the later runs' checkout dirty
+    commit = git_commit()
     result: Dict[str, Any] = {
         "config": _repo_relative(config),
         "input": f"{width}x{height}" + (" (x6 cameras, queue of 3)" if is_bev(cfg) else ""),
@@ -235,7 +238,7 @@ def bench_iteration(
             "mmdet": mmdet.__version__,
             "mmcv": mmcv.__version__,
         },
-        "commit": git_commit(),
+        "commit": commit,
         "runs": {},
     }
     if keep_runs and json_out and os.path.isfile(json_out):
@@ -261,7 +264,7 @@ def bench_iteration(
             reference_matching=_reference_matching(result, reference, work_dir),
         )
         record = run_variant(spec, run_threads, module="npudet.ablation.iteration_child")
-        result["runs"][name] = {**record, "commit": git_commit(), "threads": run_threads}
+        result["runs"][name] = {**record, "commit": commit, "threads": run_threads}
         result["runs"] = {n: result["runs"][n] for n in result["impls"] if n in result["runs"]}
         # after every run, so an interrupted benchmark keeps the runs that finished
         if resummarise(result) and json_out:
