@@ -25,6 +25,7 @@ import torch
 from npudet.ops.msda import msda_impls, msda_variants
 from npudet.ops.msda.bench import harness
 from npudet.ops.msda.bench.cases import parse_case
+from npudet.ops.msda.bench.provenance import git_commit
 
 
 def run_separately(argv: List[str], runs: int) -> List[dict]:
@@ -109,6 +110,8 @@ def main(argv: List[str] | None = None) -> int:
             parse_case(spec)
     except ValueError as exc:
         parser.error(str(exc))
+    # Taken before anything is written: a result file that is tracked would mark it dirty.
+    commit = git_commit()
     if args.runs > 1:
         argv = sys.argv[1:] if argv is None else argv
         payloads = run_separately(_strip_runs_and_json(argv), args.runs)
@@ -120,7 +123,7 @@ def main(argv: List[str] | None = None) -> int:
         print(harness.markdown(summary, args.host))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            payload = {"machine": info, "runs": payloads, "summary": summary}
+            payload = {"commit": commit, "machine": info, "runs": payloads, "summary": summary}
             args.json.write_text(json.dumps(payload, indent=2))
         return 0
     info, rows = harness.run(args, impls, specs)
@@ -129,6 +132,7 @@ def main(argv: List[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
+            "commit": commit,
             "torch": info["torch"],
             "threads": info["threads"],
             "machine": info,
