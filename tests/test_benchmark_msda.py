@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
 import pytest
 
@@ -22,7 +22,7 @@ ARGS = ["--cases", "ddetr-dec", "--impls", "grid_sample,cpu", "--threads", "1", 
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
 
 
-def _benchmark(out: Path, extra: List[str] = ()) -> dict:
+def _benchmark(out: Path, extra: Sequence[str] = ()) -> dict:
     done = subprocess.run(
         [sys.executable, str(TOOL), *ARGS, *extra, "--json", str(out)],
         cwd=ROOT,
