@@ -8,10 +8,12 @@ from setuptools import find_packages, setup
 
 NATIVE_FILES = ["*.cpp", "*.h", "*.cuh", "*.md"]
 # Every folder of ops/ as a package of data (setuptools ships a folder's files only as a
-# package's), ops/ itself being npudet._native.
+# package's), ops/ itself being npudet._native. The simulated NPU (ops/npu_sim) is a test
+# device for checkouts, never shipped: a wheel must not carry a torch_npu stand-in.
 native = [
     ".".join(("npudet._native", *folder.relative_to("ops").parts))
     for folder in sorted(p for p in Path("ops").rglob("*") if p.is_dir())
+    if folder.relative_to("ops").parts[0] != "npu_sim"
 ]
 native = ["npudet._native", *native]
 

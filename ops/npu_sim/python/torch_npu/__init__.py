@@ -1,0 +1,44 @@
+"""Stand-in for ``torch_npu`` on the simulated NPU (npudet's ``ops/npu_sim``).
+
+Importing it loads the simulated device, as importing torch_npu loads Ascend's; torch also
+imports it at ``import torch`` through the ``torch.backends`` entry point, as it does
+torch_npu. It is on ``sys.path`` only with ``NPUDET_SIMULATED_NPU=1`` (or in npudet's test
+fixture) and refuses to load where a real torch_npu is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+
+def _real_torch_npu() -> str:
+    """Where another ``torch_npu`` is installed on ``sys.path``, or ""."""
+    others = [p for p in sys.path if os.path.realpath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("torch_npu", others)
+    if spec is None:
+        return ""
+    return spec.origin or ", ".join(spec.submodule_search_locations or [])
+
+
+_real = _real_torch_npu()
+if _real:
+    raise ImportError(
+        f"NPUDET_SIMULATED_NPU=1, but a real torch_npu is installed ({_real}): the simulated "
+        "NPU refuses to stand in for it. Unset NPUDET_SIMULATED_NPU to use the real one."
+    )
+
+import npudet_npu_sim  # noqa: E402
+
+npudet_npu_sim.load()
+
+from . import npu, optim  # noqa: E402,F401
+
+__version__ = "0+npudet.simulated"
+
+
+def _autoload() -> None:
+    """torch's device-backend autoload entry point (the import above did the work)."""
