@@ -16,6 +16,7 @@ import torch
 # pytest's default import mode (prepend) puts this folder on sys.path before it imports this
 # rootdir conftest, so the tests' helper modules (msda_util, bev_util, ...) import as is.
 from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED
+from npu_sim_util import simulated_npu  # noqa: F401  (the fixture, for every test module)
 
 from npudet.utils.environment import device_problem
 

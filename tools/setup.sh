@@ -59,6 +59,14 @@ subprocess.run([bin, '--version'], check=True, capture_output=True)" || return 1
 setup_ascend || echo "[setup] WARNING: .venv-ascend was not made (see above); the Ascend" \
   "lowering tests fail until it is: rerun bash tools/setup.sh"
 
+# The simulated NPU (ops/npu_sim/README.md): with NPUDET_SIMULATED_NPU=1, every process of
+# this venv (dataloader workers and torchrun ranks too) finds its torch_npu stand-in first on
+# sys.path; without the variable the line does nothing. Written on every run: it names this
+# checkout's path.
+site_dir="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+printf '%s\n' "import os, sys; os.environ.get('NPUDET_SIMULATED_NPU') == '1' and sys.path.insert(0, '$root/ops/npu_sim/python')" \
+  >"$site_dir/npudet_simulated_npu.pth"
+
 stamp="$venv/.npudet-setup-$(stamp_key)"
 if [ -f "$stamp" ] && "$py" -c "import npudet, mmcv.ops, mmdet, torch
 from importlib.util import find_spec

@@ -61,7 +61,9 @@ def main() -> None:
         _enable_visualization(cfg, args)
     if args.out is not None and not args.out.endswith((".pkl", ".pickle")):
         fail(f"--out: expected a .pkl or .pickle file, got {args.out}")
-    add_run_hooks(cfg, ["EvalProgressHook", "CocoSummaryHook", "CheckpointChecksumHook"])
+    add_run_hooks(
+        cfg, ["EvalProgressHook", "CocoSummaryHook", "CheckpointChecksumHook", "NPUSetupHook"]
+    )
 
     run_checks(
         lambda: check_msda(cfg),

@@ -19,11 +19,13 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 # Autocast dtypes per device type: the first is the default. CPU has no float16 fast path
-# worth training with; NPU float16 is the dtype mmengine's wrapper is known to train with.
+# worth training with. On NPU float16 is mmengine's default; Ascend 910B and later (the
+# SoCs mmengine trains in full precision) compute bfloat16 too, and torch_npu's autocast
+# takes it (torch.npu.get_amp_supported_dtype).
 AMP_DTYPES = {
     "cpu": ("bfloat16",),
     "cuda": ("float16", "bfloat16"),
-    "npu": ("float16",),
+    "npu": ("float16", "bfloat16"),
 }
 
 

@@ -375,6 +375,10 @@ namespace at::autocast {
 #define NPUDET_SIM_FP32_OPT(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
 #define NPUDET_SIM_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
 
+// Ops outside the lists run as they are (torch registers this fallthrough for its own devices,
+// not for PrivateUse1).
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_LOWER_PRECISION_FP(NPUDET_SIM_LOWER)
   AT_FORALL_FP32(NPUDET_SIM_FP32)

@@ -169,11 +169,16 @@ class NPUVendorImpl(MSDAImpl):
             )
         route = ROUTES[vendor_route()]
         kernel_dtype = route.kernel_dtypes[0]
+        # npudet's contract: a NaN / inf location contributes nothing. Neither vendor documents
+        # what its kernel does with one (DrivingSDK's double, like mmcv's grid_sample
+        # reference, propagates NaN), so such a point is moved off every map (-1) first.
+        locations = sampling_locations.to(kernel_dtype)
+        locations = torch.where(torch.isfinite(locations), locations, -1.0)
         args = (
             value.to(kernel_dtype).contiguous(),
             int32_levels(spatial_shapes),
             int32_levels(level_start_index),
-            sampling_locations.to(kernel_dtype).contiguous(),
+            locations.contiguous(),
             attention_weights.to(kernel_dtype).contiguous(),
         )
         if route.name == MX_DRIVING:

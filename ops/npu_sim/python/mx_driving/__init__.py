@@ -39,11 +39,17 @@ class MultiScaleDeformableAttnFunction(Function):
         sampling_locations = sampling_locations.type_as(value)
         attention_weights = attention_weights.type_as(value)
         output = _C.multi_scale_deformable_attn(
-            value, value_spatial_shapes, value_level_start_index, sampling_locations,
+            value,
+            value_spatial_shapes,
+            value_level_start_index,
+            sampling_locations,
             attention_weights,
         )
         ctx.save_for_backward(
-            value, value_spatial_shapes, value_level_start_index, sampling_locations,
+            value,
+            value_spatial_shapes,
+            value_level_start_index,
+            sampling_locations,
             attention_weights,
         )
         return output

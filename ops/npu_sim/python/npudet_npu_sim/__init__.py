@@ -71,4 +71,7 @@ def load() -> None:
         )
         # torch_npu publishes CANN's version here; the records of `auto` key on it.
         torch.version.cann = "simulated"
+        from . import hccl
+
+        hccl.register()
         _loaded = True

@@ -14,9 +14,8 @@ from collections import namedtuple
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional, Union
 
-import torch
-
 import npudet_npu_sim
+import torch
 
 from . import amp, config, utils  # noqa: F401  (torch.npu.amp, .config, .utils)
 
@@ -216,7 +215,7 @@ def set_rng_state_all(new_states: List[torch.Tensor]) -> None:
 class Stream(torch.Stream):
     """The device's one stream: work on it has completed when the call returns."""
 
-    def __new__(cls, device: DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
+    def __new__(cls, device: DeviceLike = None, priority: int = 0, **kwargs: Any) -> Stream:
         return super().__new__(cls, device=torch.device("npu", _index(device)), priority=priority)
 
     def wait_stream(self, stream: torch.Stream) -> None:
@@ -224,7 +223,7 @@ class Stream(torch.Stream):
 
 
 class Event(torch.Event):
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, **kwargs: Any) -> "Event":
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, **kwargs: Any) -> Event:
         return super().__new__(cls, device="npu", enable_timing=enable_timing, blocking=blocking)
 
 
@@ -249,9 +248,7 @@ def stream(stream: Optional[torch.Stream]) -> Iterator[None]:
 
 class _TypedTensorMeta(type):
     def __instancecheck__(cls, obj: Any) -> bool:
-        return (
-            isinstance(obj, torch.Tensor) and obj.device.type == "npu" and obj.dtype == cls.dtype
-        )
+        return isinstance(obj, torch.Tensor) and obj.device.type == "npu" and obj.dtype == cls.dtype
 
 
 def _typed_tensor(name: str, dtype: torch.dtype) -> type:

@@ -1,0 +1,64 @@
+"""The simulated NPU (``ops/npu_sim``) in tests: in this process, or in child processes.
+
+``simulated_npu`` (a fixture) loads it here the way ``NPUDET_SIMULATED_NPU=1`` does in a new
+process, and hides it again afterwards: ``torch.npu.is_available()`` turns False and
+``torch_npu`` / ``mx_driving`` stop importing, so later tests see a machine without an NPU.
+PyTorch cannot unregister a backend, so ``torch.npu`` itself stays. mmengine decides once, at
+its import, whether an NPU exists; the fixture imports it first so that answer stays "no" for
+the rest of the session (runs that must see the NPU through mmengine are child processes).
+
+``npu_env`` is the environment of such a child: the variable alone, as a user sets it; the
+``.pth`` line that ``tools/setup.sh`` writes does the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SIM_PATH = REPO / "ops" / "npu_sim" / "python"
+ENV = "NPUDET_SIMULATED_NPU"
+_SIM_MODULES = ("torch_npu", "mx_driving")
+
+
+def npu_env(**extra: str) -> Dict[str, str]:
+    """``os.environ`` with the simulation on (and ``extra``), for a child process."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update({ENV: "1", "PYTHONUNBUFFERED": "1"}, **extra)
+    return env
+
+
+def _forget_packages() -> None:
+    from npudet.utils import packages
+
+    for name in _SIM_MODULES:
+        packages._versions.pop(name, None)
+
+
+@pytest.fixture
+def simulated_npu(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """The simulated NPU in this process for one test; yields the ``torch_npu`` stand-in."""
+    try:
+        import mmengine.device  # noqa: F401  (decides "no NPU" before the device appears)
+    except ImportError:
+        pass
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.syspath_prepend(str(SIM_PATH))
+    import npudet_npu_sim
+    import torch_npu
+
+    npudet_npu_sim.set_visible(True)
+    _forget_packages()
+    try:
+        yield torch_npu
+    finally:
+        npudet_npu_sim.set_visible(False)
+        for name in list(sys.modules):
+            if name.split(".")[0] in _SIM_MODULES:
+                del sys.modules[name]
+        _forget_packages()
