@@ -8,6 +8,9 @@ libtorch_python: a C++ program with no Python can load the same build. Builds la
 cache keyed by the library's name, its folder's sources, the compiler and its flags, torch,
 Python and the architecture (and the CPU model for a build tied to one CPU), so a second
 process loads in milliseconds. ``NPUDET_EXT_CACHE`` moves the cache.
+
+One process builds a folder at a time (:func:`build_lock`): an ``fcntl.flock`` that the
+kernel drops when its owner dies, so a killed build never blocks a later one.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
 import torch
+
+from .build_lock import build_lock
 
 _PACKAGE = Path(__file__).resolve().parents[3]  # the npudet package folder
 # Where the native sources are, in order: inside an installed wheel, then the checkout.
@@ -155,8 +160,6 @@ def load_library(
         where = " or ".join(str(r) for r in SOURCE_ROOTS)
         _loaded[name] = f"native sources {relative_sources} not found under {where}"
         return _loaded[name]
-    from torch.utils.cpp_extension import load
-
     sources = [root / rel for rel in relative_sources]
     flags = [*FLAGS, *extra_flags]
     try:
@@ -169,20 +172,10 @@ def load_library(
             _loaded[name] = library
             return library
         build.mkdir(parents=True, exist_ok=True)
-        print(
-            f"npudet: building {what or name} into {build} (once; about a minute)",
-            file=sys.stderr,
-            flush=True,
-        )
-        load(
-            name=name,
-            sources=[str(s) for s in sources],
-            extra_cflags=flags,
-            extra_ldflags=[*LDFLAGS, *extra_ldflags],
-            build_directory=str(build),
-            is_python_module=False,
-            verbose=False,
-        )
+        with build_lock(build, what or name):
+            # Another process may have built it while this one waited for the lock.
+            if not (library.is_file() and _loads(library)):
+                _build(name, sources, flags, [*LDFLAGS, *extra_ldflags], build, what)
     except Exception as exc:  # a compiler error, a missing header, an unusable cache: say why
         reason = f"building {name} failed: {first_error(str(exc)) or repr(exc)}"
         warnings.warn(f"npudet: {reason}", stacklevel=2)
@@ -190,6 +183,33 @@ def load_library(
         return reason
     _loaded[name] = library
     return library
+
+
+def _build(
+    name: str,
+    sources: List[Path],
+    flags: List[str],
+    ldflags: List[str],
+    build: Path,
+    what: str,
+) -> None:
+    """Compile and load ``name`` into ``build`` (the caller holds its build lock)."""
+    from torch.utils.cpp_extension import load
+
+    print(
+        f"npudet: building {what or name} into {build} (once; about a minute)",
+        file=sys.stderr,
+        flush=True,
+    )
+    load(
+        name=name,
+        sources=[str(s) for s in sources],
+        extra_cflags=flags,
+        extra_ldflags=ldflags,
+        build_directory=str(build),
+        is_python_module=False,
+        verbose=False,
+    )
 
 
 def _loads(library: Path) -> bool:
