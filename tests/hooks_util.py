@@ -103,18 +103,27 @@ def toy_runner(
     impl: str = "auto",
     nan_at: Sequence[int] = (),
     checkpoint_interval: Optional[int] = None,
+    checkpoint_options: Optional[Dict[str, Any]] = None,
     batch_size: int = 2,
     clip_grad: Optional[dict] = None,
+    lr: float = 0.05,
     log_level: str = "WARNING",
     model: Optional[BaseModel] = None,
     **runner_kwargs: Any,
 ) -> Runner:
-    """An iteration-based Runner (SGD, log every iteration, local vis backend) on ToyModel
-    (or ``model``); ``runner_kwargs`` (e.g. ``resume``, ``load_from``) go to the Runner."""
+    """An iteration-based Runner (SGD at ``lr``, log every iteration, local vis backend) on ToyModel
+    (or ``model``); ``checkpoint_options`` update the checkpoint hook's settings (e.g. its
+    ``type``, ``max_keep_ckpts``); ``runner_kwargs`` (e.g. ``resume``, ``load_from``) go to
+    the Runner."""
     torch.manual_seed(0)
     default_hooks: Dict[str, Any] = {"logger": {"type": "LoggerHook", "interval": 1}}
     default_hooks["checkpoint"] = (
-        {"type": "CheckpointHook", "interval": checkpoint_interval, "by_epoch": False}
+        {
+            "type": "CheckpointHook",
+            "interval": checkpoint_interval,
+            "by_epoch": False,
+            **(checkpoint_options or {}),
+        }
         if checkpoint_interval
         else None
     )
@@ -130,7 +139,7 @@ def toy_runner(
             "num_workers": 0,
         },
         train_cfg={"by_epoch": False, "max_iters": max_iters},
-        optim_wrapper={"optimizer": {"type": "SGD", "lr": 0.05}, "clip_grad": clip_grad},
+        optim_wrapper={"optimizer": {"type": "SGD", "lr": lr}, "clip_grad": clip_grad},
         default_hooks=default_hooks,
         custom_hooks=custom_hooks,
         visualizer={"type": "Visualizer", "vis_backends": [{"type": "LocalVisBackend"}]},

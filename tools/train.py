@@ -18,8 +18,8 @@ import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint
 from npudet.engine.amp import amp_optim_wrapper
 from npudet.engine.cli import (
     add_common_args,
-    add_run_hooks,
     fail,
+    guard_training,
     load_config,
     run_checks,
     run_guarded,
@@ -113,7 +113,7 @@ def main() -> None:
     run_checks(*checks)
     if resume_note:
         print(f"[npudet] {resume_note}")
-    add_run_hooks(cfg, ["RunGuardHook", "CheckpointChecksumHook"])
+    run_checks(lambda: guard_training(cfg))
 
     for action in launch_env_setup():
         print(f"[npudet] set {action.target}={action.value} ({action.reason})")

@@ -9,10 +9,20 @@ import warnings
 from typing import Any, Callable, List, NoReturn
 
 from mmengine.config import Config, DictAction
+from mmengine.hooks import CheckpointHook
 
+from npudet.hooks.atomic_checkpoint import CheckpointSaveError
+from npudet.hooks.non_finite_loss import NonFiniteLossError
 from npudet.hooks.run_guard import CheckpointCorruptError, NothingTrainedError, TrainingInterrupted
 
 from .preflight import PreflightError
+from .work_dir_lock import lock_work_dir
+
+# What tools/train.py adds to every run: a checkpoint on SIGINT / SIGTERM, checksums, and a
+# stop before a NaN/Inf or diverged loss reaches the weights.
+# NPUSetupHook logs "nothing to set up" off an NPU; on one it applies the settings Ascend
+# training needs, which no shipped config names.
+TRAINING_HOOKS = ["RunGuardHook", "CheckpointChecksumHook", "NonFiniteLossHook", "NPUSetupHook"]
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -91,16 +101,35 @@ def add_run_hooks(cfg: Config, names: List[str]) -> None:
     cfg.custom_hooks = hooks
 
 
+def guard_training(cfg: Config) -> None:
+    """Before a training builds its runner: lock the work dir for this run (rank 0), add
+    ``TRAINING_HOOKS`` and save checkpoints atomically (``AtomicCheckpointHook`` in place of
+    mmengine's ``CheckpointHook``). Raises PreflightError when the work dir is unusable or
+    in use."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        lock_work_dir(os.path.abspath(cfg.work_dir))
+    add_run_hooks(cfg, TRAINING_HOOKS)
+    checkpoint = (cfg.get("default_hooks") or {}).get("checkpoint")
+    if checkpoint is not None and checkpoint.get("type") in ("CheckpointHook", CheckpointHook):
+        checkpoint["type"] = "AtomicCheckpointHook"
+
+
 def run_guarded(step: Callable[[], Any]) -> Any:
     """Run ``runner.train`` / ``runner.test`` (``step``); what npudet's hooks raise ends the
     process with one line and no traceback: an interrupt (already logged with its
     checkpoint by ``RunGuardHook``) with status 128 + the signal number, a run that trained
-    nothing or a corrupt checkpoint with status 2."""
+    nothing, a corrupt checkpoint, a checkpoint that could not be saved or a diverged run
+    with status 2."""
     try:
         return step()
     except TrainingInterrupted as err:
         sys.exit(128 + err.signum)
-    except (NothingTrainedError, CheckpointCorruptError) as err:
+    except (
+        NothingTrainedError,
+        CheckpointCorruptError,
+        CheckpointSaveError,
+        NonFiniteLossError,
+    ) as err:
         fail(str(err))
     except KeyboardInterrupt:
         # Before RunGuardHook's handler is installed (building the model, loading data) or a

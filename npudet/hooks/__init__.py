@@ -6,10 +6,13 @@
 ``MSDAProfilerHook``, ``MSDAParityHook``, ``NonFiniteLossHook``, ``NPUSetupHook``;
 evaluation and run-state hooks: ``CocoSummaryHook``, ``EvalProgressHook``, ``RNGStateHook``,
 ``RunGuardHook`` (checkpoint on SIGINT / SIGTERM, a run that trains nothing fails) and
-``CheckpointChecksumHook`` (``tools/train.py`` adds both); ``TorchCompileHook``
+``CheckpointChecksumHook`` (``tools/train.py`` adds both, and ``NonFiniteLossHook``),
+``AtomicCheckpointHook`` (mmengine's ``CheckpointHook`` saving atomically; ``tools/train.py``
+uses it in its place); ``TorchCompileHook``
 (``tools/train.py --compile``).
 """
 
+from .atomic_checkpoint import AtomicCheckpointHook, CheckpointSaveError
 from .coco_summary_hook import CocoSummaryHook, coco_table
 from .eval_progress_hook import EvalProgressHook
 from .msda_parity import CallParity, MSDAParityError, MSDAParityHook, compare_call
@@ -35,6 +38,8 @@ from .run_guard import (
 from .torch_compile import TorchCompileHook, compile_forward, compile_with_hook
 
 __all__ = [
+    "AtomicCheckpointHook",
+    "CheckpointSaveError",
     "CallParity",
     "CheckpointChecksumHook",
     "CheckpointCorruptError",
