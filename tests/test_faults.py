@@ -510,3 +510,48 @@ def test_corrupt_training_checkpoint_stops_test_py(
         f"error: checkpoint: checkpoint {path} is corrupt"
     ), err
     assert not (tmp_path / "w").exists()
+
+
+def test_cpu_sanitize_takes_1_or_0_only(monkeypatch) -> None:
+    """Any non-empty ``NPUDET_CPU_SANITIZE`` (even ``banana``) built the slow sanitizer
+    variant; a value other than 1 / 0 now makes the kernel unavailable, saying why."""
+    from npudet.ops.msda.backends import cpu_library
+
+    monkeypatch.setattr(cpu_library, "_state", {})
+    monkeypatch.setenv("NPUDET_CPU_SANITIZE", "banana")
+    assert cpu_library.unavailable_reason() == (
+        "NPUDET_CPU_SANITIZE='banana': expected 1 (sanitized builds) or 0 / unset"
+    )
+    monkeypatch.setenv("NPUDET_CPU_SANITIZE", "0")
+    assert cpu_library.sanitize_requested() is False
+
+
+class _CountSaves(Hook):
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_save_checkpoint(self, runner, checkpoint) -> None:
+        self.count += 1
+
+
+def test_a_signal_after_the_last_iteration_says_training_is_complete(tmp_path) -> None:
+    """Ctrl-C during the final validation said "resumable checkpoint saved ... continue with
+    --resume", and that resume failed ("trained 0 iterations"); now it points at the final
+    checkpoint and at tools/test.py. The checkpoint hook's own save of that point is named,
+    not saved again (at an epoch's end the second save was an ``iter_N.pth`` copy of
+    ``epoch_K.pth`` that nothing removed)."""
+    work = str(tmp_path)
+    saves = _CountSaves()
+    hooks = [_SignalAt(signal.SIGINT, at=4), {"type": "RunGuardHook"}, saves]
+    atomic = dict(type="AtomicCheckpointHook")
+    with pytest.raises(TrainingInterrupted) as err:
+        toy_runner(
+            work, hooks, max_iters=4, checkpoint_interval=3, checkpoint_options=atomic
+        ).train()
+    assert saves.count == 2  # iterations 3 and 4, by the checkpoint hook
+    path = os.path.join(work, "iter_4.pth")
+    assert str(err.value) == (
+        f"interrupted by SIGINT after the last iteration (4): training is complete, its "
+        f"checkpoint is {path}; evaluate it with tools/test.py"
+    )
+    assert err.value.checkpoint == path and err.value.signum == signal.SIGINT

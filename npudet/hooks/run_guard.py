@@ -26,6 +26,7 @@ from mmdet.registry import HOOKS
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.runner import EpochBasedTrainLoop
 
+from .atomic_checkpoint import AtomicCheckpointHook, save_atomically, write_record
 from .non_finite_loss import _any_rank
 
 CHECKSUM_KEY = "npudet_sha256"
@@ -218,28 +219,42 @@ class RunGuardHook(Hook):
             return
         signum = self.signum if self.signum is not None else signal.SIGTERM  # another rank's
         self._restore()
-        path = self._save(runner, epoch, iters)
         name = signal.Signals(signum).name
-        message = (
-            f"interrupted by {name} after iteration {iters} (epoch {epoch}): resumable "
-            f"checkpoint saved to {path}; continue with --resume"
-        )
+        path = self._saved_at(runner, iters) or self._save(runner, epoch, iters)
+        if iters >= runner.train_loop.max_iters:  # the final validation: nothing to resume
+            message = (
+                f"interrupted by {name} after the last iteration ({iters}): training is "
+                f"complete, its checkpoint is {path}; evaluate it with tools/test.py"
+            )
+        else:
+            message = (
+                f"interrupted by {name} after iteration {iters} (epoch {epoch}): resumable "
+                f"checkpoint saved to {path}; continue with --resume"
+            )
         runner.logger.warning(message)
         raise TrainingInterrupted(message, signum, path)
+
+    @staticmethod
+    def _saved_at(runner: Any, iters: int) -> Optional[str]:
+        """The checkpoint ``AtomicCheckpointHook`` saved after ``iters`` iterations, if it
+        just did (at an epoch's or the training's end): no copy of it is needed."""
+        hook = next((h for h in runner.hooks if isinstance(h, AtomicCheckpointHook)), None)
+        if hook is None or getattr(hook, "last_ckpt_iters", None) != iters:
+            return None
+        return hook.last_ckpt if os.path.isfile(hook.last_ckpt) else None
 
     def _save(self, runner: Any, epoch: int, iters: int) -> str:
         hook = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
         out_dir = getattr(hook, "out_dir", None) or runner.work_dir
         filename = f"iter_{iters}.pth"
-        runner.save_checkpoint(
+        path = save_atomically(
+            runner,
             out_dir,
             filename,
             meta=dict(epoch=epoch, iter=iters),
             by_epoch=False,
             backend_args=getattr(hook, "backend_args", None),
         )
-        path = os.path.join(out_dir, filename)
         if runner.rank == 0:
-            with open(os.path.join(runner.work_dir, "last_checkpoint"), "w") as f:
-                f.write(path)
+            write_record(runner.work_dir, path)
         return path

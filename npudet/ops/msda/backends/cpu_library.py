@@ -50,9 +50,13 @@ STRATEGIES = ("private", "owner", "atomic")  # msda_cpu.h's backward_plan codes
 _state: Dict[str, object] = {}
 
 
-def sanitize_requested() -> bool:
-    """Whether ``NPUDET_CPU_SANITIZE`` asks for the sanitized builds."""
-    return os.environ.get(SANITIZE_ENV, "") not in ("", "0")
+def sanitize_requested() -> Union[bool, str]:
+    """Whether ``NPUDET_CPU_SANITIZE`` asks for the sanitized builds (``1``; unset or ``0``:
+    not), or why its value is refused (a string): a typo must not switch to the slow build."""
+    value = os.environ.get(SANITIZE_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        return f"{SANITIZE_ENV}={value!r}: expected 1 (sanitized builds) or 0 / unset"
+    return value == "1"
 
 
 class _MSDACpuFunction(torch.autograd.Function):
@@ -118,7 +122,11 @@ def load() -> Union[Path, str]:
     if isinstance(variants, str):
         _state["library"] = variants
         return variants
-    suffix, flags = ("_sanitized", SANITIZE_FLAGS) if sanitize_requested() else ("", [])
+    sanitize = sanitize_requested()
+    if isinstance(sanitize, str):
+        _state["library"] = sanitize
+        return sanitize
+    suffix, flags = ("_sanitized", SANITIZE_FLAGS) if sanitize else ("", [])
     failures = []
     for variant in variants:
         built = load_library(
