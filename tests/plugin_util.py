@@ -68,9 +68,11 @@ def loss_and_grads(model: torch.nn.Module, batch: Dict, seed: int = 0):
     torch.manual_seed(seed)
     data = model.data_preprocessor(batch, True)
     losses = model(**data, mode="loss")
-    total = sum(v for k, v in losses.items() if "loss" in k)
+    # mmengine's sum of every "loss" term, a list term (DDQ-DETR's auxiliary losses) included
+    total, _ = model.parse_losses(losses)
     total.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    losses = {k: sum(v) if isinstance(v, list) else v for k, v in losses.items()}
     return {k: v.detach() for k, v in losses.items()}, grads
 
 

@@ -1,19 +1,31 @@
 """mmdet side of npudet; importing it registers npudet's models in mmdet's registry.
 
 Configs import it through ``custom_imports=dict(imports=['npudet.plugin'])``: mmdet's
-``DeformableDETR`` and ``DINO`` names then build npudet's subclasses, which accept
+``DeformableDETR``, ``DINO``, ``DDQDETR``, ``GroundingDINO``, ``Mask2Former`` and
+``Mask2FormerVideo`` names then build npudet's subclasses, which accept
 ``msda=dict(impl=...)``. ``import npudet`` alone stays light (no mmdet import).
 """
 
-from .detectors import DINO, DeformableDETR, apply_msda_cfg, resolve_msda_cfg
+from .detectors import (
+    DINO,
+    MSDA_MODELS,
+    DeformableDETR,
+    MSDAModel,
+    apply_msda_cfg,
+    resolve_msda_cfg,
+    switch_msda,
+)
 from .layers import MultiScaleDeformableAttention, check_impl_name, convert_msda
 
 __all__ = [
     "DINO",
+    "MSDA_MODELS",
     "DeformableDETR",
+    "MSDAModel",
     "MultiScaleDeformableAttention",
     "apply_msda_cfg",
     "check_impl_name",
     "convert_msda",
     "resolve_msda_cfg",
+    "switch_msda",
 ]

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Optional
 
 from mmdet.models.detectors import DeformableDETR as MMDetDeformableDETR
 from mmdet.registry import MODELS
 from torch import Tensor
 
 from .level_pairs import LevelPairsMixin
-from .msda_config import apply_msda_cfg
+from .msda_model import MSDAModel
 
 
 @MODELS.register_module(force=True)
-class DeformableDETR(LevelPairsMixin, MMDetDeformableDETR):
+class DeformableDETR(MSDAModel, LevelPairsMixin, MMDetDeformableDETR):
     """Stock Deformable DETR whose MSDA layers run on ``npudet.ops``.
 
     Registered under mmdet's own name, so an unchanged mmdet config picks it up once
@@ -21,10 +21,6 @@ class DeformableDETR(LevelPairsMixin, MMDetDeformableDETR):
     decoder=None)``, see :func:`resolve_msda_cfg`. ``forward_transformer(feats, None)``
     keeps the level shapes symbolic for export (:class:`LevelPairsMixin`).
     """
-
-    def __init__(self, *args: Any, msda: Optional[Mapping] = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.msda_impls = apply_msda_cfg(self, msda)
 
     def get_proposal_pos_embed(  # type: ignore[override]
         self, proposals: Tensor, num_pos_feats: Optional[int] = None, temperature: int = 10000

@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Optional
 
 from mmdet.models.detectors import DINO as MMDetDINO
 from mmdet.registry import MODELS
 from torch import Tensor
 
 from .level_pairs import LevelPairsMixin
-from .msda_config import apply_msda_cfg
+from .msda_model import MSDAModel
 
 
 @MODELS.register_module(force=True)
-class DINO(LevelPairsMixin, MMDetDINO):
+class DINO(MSDAModel, LevelPairsMixin, MMDetDINO):
     """Stock DINO whose MSDA layers run on ``npudet.ops`` (``msda`` as in DeformableDETR);
     ``forward_transformer(feats, None)`` keeps the level shapes symbolic for export."""
-
-    def __init__(self, *args: Any, msda: Optional[Mapping] = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.msda_impls = apply_msda_cfg(self, msda)
 
     def forward_decoder(
         self,

@@ -54,10 +54,25 @@ def apply_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, st
 
     A layer under a module named ``encoder`` / ``decoder`` takes that part's
     implementation, any other layer ``impl``; mmcv's own MSDA layers are converted to
-    npudet's in place. Returns the per-part implementations.
+    npudet's in place. A part override for a part with no layer in this model (Mask2Former's
+    MSDA is its pixel decoder's ``encoder``; it has no MSDA ``decoder``) raises ``ValueError``
+    naming the key and the model's parts. Returns the per-part implementations.
     """
     default, impls = _resolve(msda, "model.msda")
-    for name, layer in deformable_layers(detector):
+    layers = list(deformable_layers(detector))
+    # part -> the module holding it, e.g. encoder -> panoptic_head.pixel_decoder.encoder
+    found: Dict[str, str] = {}
+    for name, layer in layers:
         part = layer_part(name)
         layer.impl = default if part is None else impls[part]
+        if part is not None and part not in found:
+            components = name.split(".")
+            found[part] = ".".join(components[: components.index(part) + 1])
+    missing = [part for part in PARTS if (msda or {}).get(part) is not None and part not in found]
+    if missing:
+        listed = ", ".join(f"{part} ({path})" for part, path in sorted(found.items())) or "none"
+        raise ValueError(
+            f"model.msda.{missing[0]}: {type(detector).__name__} has no deformable-attention "
+            f"layer under a module named {missing[0]!r}; its MSDA parts: {listed}"
+        )
     return impls
