@@ -16,7 +16,7 @@ import torch
 # pytest's default import mode (prepend) puts this folder on sys.path before it imports this
 # rootdir conftest, so the tests' helper modules (msda_util, bev_util, ...) import as is.
 from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED
-from npu_sim_util import simulated_npu  # noqa: F401  (the fixture, for every test module)
+from npu_sim_util import preload, simulated_npu  # noqa: F401  (the fixture, for every test module)
 
 from npudet.utils.environment import device_problem
 
@@ -28,6 +28,7 @@ if DEVICE == "cpu" and not torch.cuda.is_available():
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    preload()  # before any test runs a backward (see npu_sim_util.preload)
     problem = device_problem(DEVICE)
     if problem:
         raise pytest.UsageError(f"{DEVICE_ENV}={DEVICE}: device unavailable: {problem}")

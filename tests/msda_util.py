@@ -87,6 +87,14 @@ def candidate_impls(
         ]
 
 
+def declined_reasons(impl: str, inputs: Sequence, device: str = DEVICE) -> List[str]:
+    """``impl``'s own reasons for not taking ``inputs`` (CPU tensors) on ``device``."""
+    from npudet.ops.msda import get_impl, validate_inputs
+
+    info = validate_inputs(*inputs, check_values=False)
+    return get_impl(impl).not_supported_reasons(dataclasses.replace(info, device_type=device))
+
+
 def random_inputs(**case: object) -> Inputs:
     """``checks.parity.small_inputs(**case)`` drawn in float32 unless ``dtype`` says."""
     from npudet.ops.msda.checks.parity import small_inputs

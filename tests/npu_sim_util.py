@@ -33,6 +33,32 @@ def npu_env(**extra: str) -> Dict[str, str]:
     return env
 
 
+def preload() -> None:
+    """Register the simulated device in this process now, hidden until ``simulated_npu``.
+
+    Autograd sizes its per-device queues at the process's first backward; a device type
+    registered after that cannot run one (an internal assert in the engine). Where
+    ``NPUDET_SIMULATED_NPU=1`` is set, torch already loaded it at import, visible.
+    """
+    if os.environ.get(ENV) == "1":
+        return
+    sys.path.insert(0, str(SIM_PATH))
+    try:
+        import npudet_npu_sim
+        import torch_npu  # noqa: F401  (loads the device, as importing torch_npu does)
+
+        npudet_npu_sim.set_visible(False)
+    finally:
+        sys.path.remove(str(SIM_PATH))
+        _unimport()
+
+
+def _unimport() -> None:
+    for name in list(sys.modules):
+        if name.split(".")[0] in _SIM_MODULES:
+            del sys.modules[name]
+
+
 def _forget_packages() -> None:
     from npudet.utils import packages
 
@@ -58,7 +84,5 @@ def simulated_npu(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         yield torch_npu
     finally:
         npudet_npu_sim.set_visible(False)
-        for name in list(sys.modules):
-            if name.split(".")[0] in _SIM_MODULES:
-                del sys.modules[name]
+        _unimport()
         _forget_packages()

@@ -24,6 +24,8 @@ from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
+from npudet.utils.device import current_device_type
+
 from .graph_breaks import MSDA_FILES, GraphBreakRecorder
 from .hook_types import DataBatch, Outputs
 
@@ -133,6 +135,31 @@ class TorchCompileHook(Hook):
             json.dump(report, f, indent=1)
 
 
+def inductor_problem(device_type: str) -> Optional[str]:
+    """Why inductor cannot generate code for ``device_type`` here (None if it can).
+
+    Inductor ships code generators for CPU and CUDA (and XPU, MPS); an out-of-tree device
+    brings its own (torch_npu registers one with its inductor support). Without one,
+    compilation dies in lowering after the first batch with an ``AssertionError``.
+    """
+    try:
+        from torch._inductor.codegen.common import (
+            get_scheduling_for_device,
+            init_backend_registration,
+        )
+    except ImportError:  # a torch without these hooks: let torch.compile decide
+        return None
+    init_backend_registration()
+    if get_scheduling_for_device(device_type) is not None:
+        return None
+    return (
+        f"inductor has no code generator for the {device_type} device in this torch "
+        f"(torch_npu registers one where its inductor support is installed); use "
+        "--compile aot_eager to capture the graphs without generating code, or train without "
+        "--compile"
+    )
+
+
 def compile_with_hook(cfg: Config, backend: Optional[str] = None) -> bool:
     """Route a ``compile`` setting to :class:`TorchCompileHook` instead of mmengine.
 
@@ -151,6 +178,10 @@ def compile_with_hook(cfg: Config, backend: Optional[str] = None) -> bool:
     cfg.compile = None
     if not setting:
         return False
+    chosen = setting.get("backend", "inductor") if isinstance(setting, dict) else "inductor"
+    problem = inductor_problem(current_device_type()) if chosen == "inductor" else None
+    if problem:
+        raise ValueError(f"compile: {problem}")
     hook = dict(type="TorchCompileHook", **(setting if isinstance(setting, dict) else {}))
     others = [h for h in cfg.get("custom_hooks", []) if h.get("type") != "TorchCompileHook"]
     cfg.custom_hooks = others + [hook]

@@ -34,6 +34,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from npudet.utils.packages import importable, package_version
+from npudet.utils.torch_compat import is_compiling
 
 from ..inputs import MSDAInputs
 from ..registry import MSDAImpl, register
@@ -155,6 +156,11 @@ class NPUVendorImpl(MSDAImpl):
         reasons = super().not_supported_reasons(inputs)
         if reasons:
             return reasons
+        if is_compiling():
+            # Both routes end in an autograd.Function around a pybind binding
+            # (mx_driving._C, mmcv._ext), which dynamo cannot trace: a graph break, or an
+            # error under fullgraph=True. `auto` takes the next candidate in compiled code.
+            return [f"{vendor_route()}: its autograd.Function does not trace under torch.compile"]
         return ROUTES[vendor_route()].reasons(inputs)
 
     def forward(

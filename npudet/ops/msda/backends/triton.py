@@ -62,6 +62,23 @@ def _cpu_reasons() -> tuple:
     )
 
 
+@assume_constant_result
+def _npu_reasons() -> tuple:
+    """Why NPU tensors cannot run here: compiled kernels need triton-ascend's backend (the
+    ``ascend`` folder it adds to ``triton/backends``); interpreted ones need nothing."""
+    loaded = sys.modules.get(_KERNELS)
+    if loaded.INTERPRETED if loaded is not None else _interpret_requested():
+        return ()
+    import triton.backends
+
+    if os.path.isdir(os.path.join(os.path.dirname(triton.backends.__file__), "ascend")):
+        return ()
+    return (
+        "npu tensors need triton-ascend (pip install triton-ascend, which replaces triton: "
+        "this triton has no Ascend backend), or the Triton interpreter (TRITON_INTERPRET=1)",
+    )
+
+
 MIN_TRITON_MAJOR = 3  # as the ``triton`` extra of pyproject.toml declares
 
 
@@ -286,8 +303,10 @@ class TritonImpl(MSDAImpl):
             return reasons
         if inputs.device_type == "cpu":
             reasons.extend(_cpu_reasons())
-        if inputs.device_type == "npu" and inputs.dtype == torch.float64:
-            reasons.append("float64 on npu: triton-ascend has no float64 arithmetic")
+        if inputs.device_type == "npu":
+            reasons.extend(_npu_reasons())
+            if inputs.dtype == torch.float64:
+                reasons.append("float64 on npu: triton-ascend has no float64 arithmetic")
         return reasons
 
     def forward(self, *tensors: Tensor) -> Tensor:

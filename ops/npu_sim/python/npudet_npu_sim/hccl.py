@@ -11,6 +11,7 @@ the backend with device tensors and come back; it says nothing about HCCL itself
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any, List
 
@@ -55,6 +56,11 @@ class HostCollectives(dist.ProcessGroup):
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
         super().__init__(rank, size)
         self._gloo = ProcessGroupGloo(dist.PrefixStore("npu_sim_hccl", store), rank, size, timeout)
+        print(
+            f"[npu_sim] hccl stand-in: gloo on host copies (rank {rank} of {size})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def getBackendName(self) -> str:  # noqa: N802  (torch's name)
         return BACKEND

@@ -23,7 +23,11 @@ native_device = "npu"  # mmengine maps 'npu' to this name in BaseModel.to
 DeviceLike = Union[None, int, str, torch.device]
 _compile_mode = {"jit_compile": False}
 
-_DeviceProperties = namedtuple("_DeviceProperties", "name total_memory")
+# torch_npu's fields; the core counts are an Ascend 910B3's (20 AI cores, 2 vector cores each),
+# so launch planning that reads them has the figure of the target the compile checks use.
+_DeviceProperties = namedtuple(
+    "_DeviceProperties", "name total_memory cube_core_num vector_core_num"
+)
 
 
 def _index(device: DeviceLike) -> int:
@@ -102,7 +106,7 @@ def get_device_name(device: DeviceLike = None) -> str:
 
 def get_device_properties(device: DeviceLike = None) -> _DeviceProperties:
     _index(device)
-    return _DeviceProperties(npudet_npu_sim.DEVICE_NAME, mem_get_info()[1])
+    return _DeviceProperties(npudet_npu_sim.DEVICE_NAME, mem_get_info()[1], 20, 40)
 
 
 def get_amp_supported_dtype() -> List[torch.dtype]:
