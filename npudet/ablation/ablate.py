@@ -25,6 +25,7 @@ from mmengine.utils import import_modules_from_strings
 from npudet.engine.cli import fail, run_checks
 from npudet.engine.preflight import check_data
 from npudet.utils import current_device_type
+from npudet.utils.device import SIMULATED_NPU_NOTE, simulated_npu
 
 from .report import markdown_table, plot_loss_curves, plot_time_split, summarise, write_csv
 from .variants import Variant, default_impls, parse_variants
@@ -124,6 +125,7 @@ def ablate(args: argparse.Namespace) -> None:
         f"device {first['device']}, torch {first['torch']}; times are medians after "
         f"{warmup} warm-up iterations; speed-up and loss deviation vs {variants[0].label}"
         + (f"; compiled: torch.compile backend {args.compile}" if args.compile else "")
+        + (f"; {SIMULATED_NPU_NOTE}" if first["device"] == "npu" and simulated_npu() else "")
         + "\n\n"
     )
     table = markdown_table(rows)

@@ -23,6 +23,18 @@ def npu_available() -> bool:
     return bool(torch_npu.npu.is_available())
 
 
+SIMULATED_NPU_NOTE = (
+    "simulated NPU (ops/npu_sim: PrivateUse1 on host memory, CPU arithmetic): times measure "
+    "the simulation on the CPU, not an NPU"
+)
+
+
+def simulated_npu() -> bool:
+    """Whether ``npu`` is npudet's simulated device (its torch_npu stand-in, loaded with
+    ``NPUDET_SIMULATED_NPU=1``, reports CANN as ``"simulated"``)."""
+    return getattr(torch.version, "cann", None) == "simulated"
+
+
 def current_device_type() -> str:
     """``"npu"``, ``"cuda"``, ``"mps"`` or ``"cpu"``: the device this process trains on."""
     if npu_available():

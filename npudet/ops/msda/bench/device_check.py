@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from npudet.utils.device import device_name
+from npudet.utils.device import SIMULATED_NPU_NOTE, device_name, simulated_npu
 from npudet.utils.environment import environment_report, report_lines
 
 from ..checks import records
@@ -274,6 +274,9 @@ def run(tool: Path, args: argparse.Namespace) -> int:
     start = time.perf_counter()
     env = environment_report(args.device)
     print("\n".join(report_lines(env)))
+    simulated = args.device.startswith("npu") and simulated_npu()
+    if simulated:
+        print(SIMULATED_NPU_NOTE)
     plan = plan_impls(args.device, args.impls)
     for name, reasons in plan["skipped"].items():
         print(f"not checked: {name}: {'; '.join(reasons)}")
@@ -310,6 +313,7 @@ def run(tool: Path, args: argparse.Namespace) -> int:
         "tool": "check_device",
         "version": 1,
         "device": args.device,
+        "simulated": simulated,
         "fast": args.fast,
         "seconds": round(time.perf_counter() - start, 1),
         "phase_seconds": phases,
