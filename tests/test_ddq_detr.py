@@ -1,0 +1,105 @@
+"""DDQ-DETR on npudet's layers: what mmdet 3.3.0's ``test_ddq_detr.py`` checks, per impl.
+
+mmdet's 4-scale R50 config shrunk (ResNet-18, 1 encoder and 2 decoder layers — DDQ needs 2
+— 20 queries, small images): with no ground truth the classification losses are positive
+and the box, IoU, denoising and auxiliary ones zero; with ground truth every loss is
+positive; ``tensor`` and ``predict`` run; a batch of two differently sized images; every
+MSDA layer counted on npudet's op, none on mmcv's. And one step of ``cpu`` against
+``grid_sample``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mmdet.structures import DetDataSample
+from mmdet.testing import demo_mm_inputs
+from mmengine.config import ConfigDict
+from msda_models_util import (
+    IMPLS,
+    assert_ran_on,
+    assert_same_step,
+    build,
+    layer_impls,
+    mmdet_config,
+    record_msda,
+)
+
+from npudet.ops import msda_impls
+
+pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
+
+CONFIG = "ddq/ddq-detr-4scale_r50_8xb2-12e_coco.py"
+SHAPES = ((3, 96, 128), (3, 80, 112))
+
+
+def tiny_model_cfg(impl: str, **parts: str) -> ConfigDict:
+    cfg = mmdet_config(CONFIG).model
+    cfg.msda = dict(impl=impl, **parts)
+    cfg.backbone.update(depth=18, base_channels=32, init_cfg=None)
+    cfg.neck.in_channels = [64, 128, 256]
+    cfg.encoder.num_layers = 1
+    cfg.decoder.num_layers = 2
+    cfg.encoder.layer_cfg.ffn_cfg.feedforward_channels = 256
+    cfg.decoder.layer_cfg.ffn_cfg.feedforward_channels = 256
+    cfg.num_queries = 20
+    cfg.dn_cfg.group_cfg.num_dn_queries = 10
+    cfg.bbox_head.num_classes = 3
+    cfg.test_cfg.max_per_img = 20  # top-k over 20 queries x 3 classes
+    return cfg
+
+
+def batch(num_items=(2, 3)) -> dict:
+    torch.manual_seed(0)
+    return demo_mm_inputs(
+        batch_size=len(num_items),
+        image_shapes=list(SHAPES[: len(num_items)]),
+        num_items=list(num_items),
+        num_classes=3,
+    )
+
+
+def scalars(losses: dict) -> dict:
+    """{key: float}; DDQ's auxiliary losses are lists of per-layer terms (summed)."""
+    return {k: float(sum(v) if isinstance(v, list) else v.detach()) for k, v in losses.items()}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_loss_predict_tensor_on_npudet_layers(impl: str) -> None:
+    model = build(tiny_model_cfg(impl))
+    names = set(layer_impls(model))
+    assert names == {"encoder.layers.0.self_attn"} | {
+        f"decoder.layers.{i}.cross_attn" for i in range(2)
+    }
+    with record_msda(model) as record:
+        data = model.data_preprocessor(batch((0,)), True)
+        empty = scalars(model(**data, mode="loss"))
+        for key, loss in empty.items():
+            if any(word in key for word in ("bbox", "iou", "dn", "aux")):
+                assert loss == 0, f"{key} with no ground truth: {loss}"
+            elif "cls" in key:
+                assert loss > 0, f"{key} with no ground truth: {loss}"
+        data = model.data_preprocessor(batch(), True)
+        losses = scalars(model(**data, mode="loss"))
+        assert all(loss > 0 for loss in losses.values()), losses
+        model.eval()
+        with torch.no_grad():
+            data = model.data_preprocessor(batch(), False)
+            out = model(**data, mode="tensor")
+            assert isinstance(out, tuple)
+            results = model(**data, mode="predict")
+    assert len(results) == 2 and isinstance(results[0], DetDataSample)
+    assert results[0].pred_instances.bboxes.shape[-1] == 4
+    assert_ran_on(record, model, impl)
+    assert all(n == 4 for n in record.layers.values())  # once per forward
+
+
+def test_per_part_override() -> None:
+    model = build(tiny_model_cfg("grid_sample", decoder="cpu"))
+    impls = layer_impls(model)
+    assert impls["encoder.layers.0.self_attn"] == "grid_sample"
+    assert {impls[f"decoder.layers.{i}.cross_attn"] for i in range(2)} == {"cpu"}
+
+
+def test_cpu_and_grid_sample_same_step() -> None:
+    assert_same_step(tiny_model_cfg, batch)

@@ -1,0 +1,173 @@
+"""Mask2Former (instance and panoptic) and its MSDA pixel decoder on npudet's layers.
+
+What mmdet 3.3.0's ``test_maskformer.py`` (Mask2Former cases) and its pixel-decoder test
+check — mmdet's R50 configs shrunk to ResNet-18 at 32 channels, ``loss`` / ``predict`` /
+``tensor`` on a batch of two differently sized images — done for each implementation, with
+every MSDA layer counted on npudet's op and none on mmcv's; and one step of ``cpu`` against
+``grid_sample``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mmdet.structures import DetDataSample
+from mmdet.testing import demo_mm_inputs
+from mmengine.config import ConfigDict
+from msda_models_util import (
+    IMPLS,
+    assert_ran_on,
+    assert_same_step,
+    build,
+    layer_impls,
+    mmdet_config,
+    record_msda,
+)
+
+from npudet.models import convert_msda
+from npudet.ops import msda_impls
+
+pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
+
+INSTANCE = "mask2former/mask2former_r50_8xb2-lsj-50e_coco.py"
+PANOPTIC = "mask2former/mask2former_r50_8xb2-lsj-50e_coco-panoptic.py"
+BASE = 32  # mmdet's test width
+
+
+def tiny_model_cfg(rel: str, impl: str) -> ConfigDict:
+    """mmdet's Mask2Former ``rel`` as mmdet's own test shrinks it (ResNet-18, 32 channels),
+    with 2 pixel-decoder encoder layers, 2 decoder layers and 10 queries to stay quick."""
+    cfg = mmdet_config(rel).model
+    cfg.msda = dict(impl=impl)
+    cfg.backbone.update(depth=18, init_cfg=None, base_channels=BASE)
+    head = cfg.panoptic_head
+    head.update(in_channels=[BASE * 2**i for i in range(4)], feat_channels=BASE)
+    head.update(out_channels=BASE, num_queries=10)
+    encoder = head.pixel_decoder.encoder
+    encoder.num_layers = 2
+    encoder.layer_cfg.self_attn_cfg.embed_dims = BASE
+    encoder.layer_cfg.ffn_cfg.update(embed_dims=BASE, feedforward_channels=BASE * 4)
+    head.pixel_decoder.positional_encoding.num_feats = BASE // 2
+    head.positional_encoding.num_feats = BASE // 2
+    decoder = head.transformer_decoder
+    decoder.num_layers = 2
+    decoder.layer_cfg.self_attn_cfg.embed_dims = BASE
+    decoder.layer_cfg.cross_attn_cfg.embed_dims = BASE
+    decoder.layer_cfg.ffn_cfg.update(embed_dims=BASE, feedforward_channels=BASE * 8)
+    cfg.train_cfg.num_points = 256
+    # mmdet's batch augment pads every image to the 1024x1024 crop; the test batch is small
+    cfg.data_preprocessor.batch_augments = None
+    return cfg
+
+
+def batch(rel: str, shapes=((3, 128, 127), (3, 91, 92))) -> dict:
+    """mmdet's test batch: two images of different sizes with masks (+ semantic maps for
+    panoptic)."""
+    torch.manual_seed(0)
+    return demo_mm_inputs(
+        2,
+        image_shapes=list(shapes),
+        sem_seg_output_strides=1,
+        with_mask=True,
+        with_semantic="panoptic" in rel,
+    )
+
+
+@pytest.mark.parametrize("rel", [INSTANCE, PANOPTIC], ids=["instance", "panoptic"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_loss_predict_tensor_on_npudet_layers(rel: str, impl: str) -> None:
+    model = build(tiny_model_cfg(rel, impl))
+    # mmdet's pixel decoder has its MSDA in an encoder: the part model.msda.encoder names
+    assert set(layer_impls(model)) == {
+        f"panoptic_head.pixel_decoder.encoder.layers.{i}.self_attn" for i in range(2)
+    }
+    assert model.msda_impls["encoder"] == impl
+    with record_msda(model) as record:
+        data = model.data_preprocessor(batch(rel), True)
+        losses = model(**data, mode="loss")
+        assert isinstance(losses, dict) and losses
+        assert all(torch.isfinite(v).all() for v in losses.values()), losses
+        model.eval()
+        with torch.no_grad():
+            data = model.data_preprocessor(batch(rel), False)
+            results = model(**data, mode="predict")
+            assert len(results) == 2 and isinstance(results[0], DetDataSample)
+            assert "masks" in results[0].pred_instances
+            if rel == PANOPTIC:
+                assert "pred_panoptic_seg" in results[0]
+            data = model.data_preprocessor(batch(rel, ((3, 128, 128), (3, 125, 130))), False)
+            out = model(**data, mode="tensor")
+            assert isinstance(out, tuple)
+    assert_ran_on(record, model, impl)
+    assert all(n == 3 for n in record.layers.values())  # once per mode
+
+
+def test_decoder_override_names_the_models_parts() -> None:
+    cfg = tiny_model_cfg(INSTANCE, "cpu")
+    cfg.msda = dict(impl="cpu", decoder="grid_sample")
+    with pytest.raises(ValueError, match=r"model\.msda\.decoder: Mask2Former has no .*"
+                       r"encoder \(panoptic_head\.pixel_decoder\.encoder\)"):  # fmt: skip
+        build(cfg)
+
+
+def test_cpu_and_grid_sample_same_step() -> None:
+    assert_same_step(lambda impl: tiny_model_cfg(INSTANCE, impl), lambda: batch(INSTANCE))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_pixel_decoder(impl: str) -> None:
+    """mmdet's MSDeformAttnPixelDecoder test: 4 levels in, the finest as the mask feature,
+    3 multi-scale outputs at the 3 coarser levels' sizes; its 6 encoder layers converted."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+
+    base = 64
+    init_default_scope("mmdet")
+    decoder = MODELS.build(
+        ConfigDict(
+            type="MSDeformAttnPixelDecoder",
+            in_channels=[base * 2**i for i in range(4)],
+            strides=[4, 8, 16, 32],
+            feat_channels=base,
+            out_channels=base,
+            num_outs=3,
+            norm_cfg=dict(type="GN", num_groups=32),
+            act_cfg=dict(type="ReLU"),
+            encoder=dict(
+                num_layers=6,
+                layer_cfg=dict(
+                    self_attn_cfg=dict(
+                        embed_dims=base,
+                        num_heads=8,
+                        num_levels=3,
+                        num_points=4,
+                        im2col_step=64,
+                        dropout=0.0,
+                        batch_first=True,
+                        norm_cfg=None,
+                        init_cfg=None,
+                    ),
+                    ffn_cfg=dict(
+                        embed_dims=base,
+                        feedforward_channels=base * 4,
+                        num_fcs=2,
+                        ffn_drop=0.0,
+                        act_cfg=dict(type="ReLU", inplace=True),
+                    ),
+                ),
+                init_cfg=None,
+            ),
+            positional_encoding=dict(num_feats=base // 2, normalize=True),
+            init_cfg=None,
+        )
+    )
+    decoder.init_weights()
+    assert convert_msda(decoder, impl) == 6
+    feats = [torch.rand(2, base * 2**i, 4 * 2 ** (3 - i), 5 * 2 ** (3 - i)) for i in range(4)]
+    with record_msda(decoder) as record:
+        mask_feature, multi_scale = decoder(feats)
+    assert_ran_on(record, decoder, impl)
+    assert mask_feature.shape == feats[0].shape
+    assert len(multi_scale) == 3
+    for out, feat in zip(multi_scale[::-1], feats[1:]):
+        assert out.shape[-2:] == feat.shape[-2:]
