@@ -35,7 +35,6 @@ from msda_models_util import (  # noqa: E402
 
 from npudet.ops import msda_impls  # noqa: E402
 
-pytest.importorskip("transformers", reason="Grounding DINO's text encoder needs transformers")
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
 
 CONFIG = "grounding_dino/grounding_dino_r50_scratch_8xb2_1x_coco.py"
