@@ -1,4 +1,8 @@
-"""Built-in detection data: a deterministic COCO-format set of coloured shapes."""
+"""Built-in detection data: a deterministic COCO-format set of coloured shapes.
+
+Each object has its box and its exact visible mask (the shape as drawn, less what later
+shapes cover), stored as COCO compressed RLE, so instance segmentation trains on it too.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import cv2
 import numpy as np
+from pycocotools import mask as mask_utils
 
 from ..utils.json_io import recorded_settings_match, write_json_atomic
 
@@ -64,6 +69,28 @@ def make_image(
     return img, objects
 
 
+def visible_masks(objects: Sequence[Tuple[int, Sequence[int]]], size: int) -> List[np.ndarray]:
+    """(size, size) uint8 0/1 mask of each of :func:`make_image`'s objects as seen: the
+    shape redrawn alone, less every shape drawn after it (those are painted over it)."""
+    drawn = []
+    for cls, box in objects:
+        mask = np.zeros((size, size), np.uint8)
+        _draw(mask, CLASSES[cls], box, (1,))
+        drawn.append(mask)
+    covered = np.zeros((size, size), np.uint8)
+    visible = []
+    for mask in reversed(drawn):
+        visible.append(mask & (1 - covered))
+        covered |= mask
+    return visible[::-1]
+
+
+def encode_mask(mask: np.ndarray) -> Dict:
+    """COCO compressed RLE of a (H, W) 0/1 mask, JSON-ready (``counts`` as str)."""
+    rle = mask_utils.encode(np.asfortranarray(mask))
+    return dict(size=[int(v) for v in rle["size"]], counts=rle["counts"].decode("ascii"))
+
+
 def _split_seed(seed: int, split: str) -> int:
     return seed * 1000 + SPLITS.index(split)
 
@@ -82,7 +109,8 @@ def write_split(
         name = f"{index:06d}.jpg"
         cv2.imwrite(os.path.join(root, split, name), img, [cv2.IMWRITE_JPEG_QUALITY, 95])
         images.append(dict(id=index + 1, file_name=name, width=size, height=size))
-        for cls, box in objects:
+        for (cls, box), mask in zip(objects, visible_masks(objects, size)):
+            # area stays the box's, as before masks: the box metrics' size ranges unchanged
             annotations.append(
                 dict(
                     id=len(annotations) + 1,
@@ -90,6 +118,7 @@ def write_split(
                     category_id=cls + 1,
                     bbox=[float(v) for v in box],
                     area=float(box[2] * box[3]),
+                    segmentation=encode_mask(mask),
                     iscrowd=0,
                 )
             )
@@ -111,7 +140,8 @@ def make_shapes_dataset(
     """Generate the shapes set under ``root`` unless it exists with these settings.
 
     Returns True if files were written. A ``meta.json`` records the settings; it is
-    written last, so an interrupted run is redone.
+    written last, so an interrupted run is redone (and a set written before masks existed,
+    whose settings lack ``masks``, is rewritten: same images and boxes, plus the masks).
     """
     settings = dict(
         num_train=num_train,
@@ -120,6 +150,7 @@ def make_shapes_dataset(
         size=size,
         max_objects=max_objects,
         classes=list(CLASSES),
+        masks="visible, RLE",
     )
     meta_file = os.path.join(root, "meta.json")
     if recorded_settings_match(meta_file, settings):
