@@ -72,10 +72,21 @@ def test_cpu_amp_optim_context_autocasts():
     assert model.weight.dtype == torch.float32 and model.weight.grad is None  # zeroed
 
 
-def _bf16_close_to_fp32(data_root, impl, iters, window=1):
-    """Mean losses of each ``window`` iterations within 2%: over 20 iterations single losses
-    drift apart by ~2.5% (a Hungarian match flips), so the long run compares 5-iteration
-    means, the short one every iteration."""
+def _bf16_close_to_fp32(data_root, impl, iters, window=1, flips=0):
+    """Mean losses of each ``window`` iterations within 2%, but for at most ``flips`` windows
+    within 10%: over 20 iterations single losses drift apart by ~2.5% (a Hungarian match
+    flips), so the long run compares 5-iteration means, the short one every iteration.
+
+    A flip is a discrete choice that bfloat16 cannot resolve, not its arithmetic drifting.
+    At iteration 0 the fresh model's two-stage encoder scores sit closer together at the
+    top-k boundary than bfloat16 resolves (measured on an AVX2 CPU: 81-112 distinct bfloat16
+    values over 1,360 positions, 11 tied at the 50th; 48 of the 50 proposals the same), so
+    which proposals are kept depends on the CPU's round-off: on an AVX2 CPU two others are
+    kept and the loss is 5.1% off for `grid_sample` and `cpu` (the box terms; `gather` 0.13%),
+    where the AVX-512 CPUs the suite was tuned on stayed within 2%. Controls at round-off
+    level move that loss by 0.00-0.01% (float32 with the weights, the images or the encoder
+    scores rounded to bfloat16), and every iteration without a flip agrees within 0.4%.
+    """
     cfg = small_cfg()
     fp32, fp32_s = train_losses(data_root, impl, iters)
     bf16, bf16_s = train_losses(data_root, impl, iters, amp_optim_wrapper(cfg.optim_wrapper, "cpu"))
@@ -85,15 +96,19 @@ def _bf16_close_to_fp32(data_root, impl, iters, window=1):
         f"largest single-iteration loss deviation {worst:.2%}"
     )
     assert fp32 != bf16  # autocast really ran
+    off = []
     for start in range(0, iters, window):
         a = sum(fp32[start : start + window]) / window
         b = sum(bf16[start : start + window]) / window
-        assert abs(b - a) <= 0.02 * abs(a), f"{impl} iterations {start}+: fp32 {a}, bf16 {b}"
+        assert abs(b - a) <= 0.10 * abs(a), f"{impl} iterations {start}+: fp32 {a}, bf16 {b}"
+        if abs(b - a) > 0.02 * abs(a):
+            off.append(f"iterations {start}+: fp32 {a}, bf16 {b}")
+    assert len(off) <= flips, f"{impl}: more than {flips} windows over 2%: {off}"
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_bf16_training_close_to_fp32_3_iters(tiny_shapes, impl):
-    _bf16_close_to_fp32(tiny_shapes, impl, 3)
+    _bf16_close_to_fp32(tiny_shapes, impl, 3, flips=1)
 
 
 @pytest.mark.slow
