@@ -194,6 +194,16 @@ BAD_ENTRIES = [
     ("bbox_3", _set("annotations", 1, "bbox", [1, 2, 3]), r"annotations\[1\].*expected 4 numbers"),
     ("bbox_w0", _set("annotations", 1, "bbox", [1, 2, 0, 3]), r"width and height must be > 0"),
     ("bad_image_id", _set("annotations", 0, "image_id", 999), r"image_id 999 is not the id"),
+    (
+        "bbox_outside",  # mmdet dropped it: trained with loss_bbox 0 when all boxes were
+        _set("annotations", 1, "bbox", [5000, 10, 20, 20]),
+        r"annotations\[1\].*bbox \[5000, 10, 20, 20\] lies outside its image \(\d+ x \d+\)",
+    ),
+    (
+        "duplicate_image_id",  # was "image_id 2 is not the id of any image"
+        lambda d: d["images"][1].__setitem__("id", d["images"][0]["id"]),
+        r"images\[1\] \(id \d+\): id \d+ is also the id of images\[0\]",
+    ),
     ("empty_images", lambda d: d.update(images=[], annotations=[]), r"lists no images"),
     ("no_gt", lambda d: d.update(annotations=[]), r"no annotation of the classes"),
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 IMAGE_FIELDS = ("id", "file_name", "height", "width")
 ANNOTATION_FIELDS = ("id", "image_id", "category_id", "bbox", "area")
@@ -39,7 +39,8 @@ def entries_problem(data: Dict, path: str, evaluated: bool) -> Optional[str]:
     images = data["images"]
     if not isinstance(images, list) or not images:
         return f"{path} lists no images ('images' is empty): nothing to train or evaluate on"
-    image_ids = set()
+    sizes: Dict[Any, Tuple[int, int]] = {}  # image id -> (width, height)
+    first_index: Dict[Any, int] = {}
     for i, img in enumerate(images):
         problem = _missing(img, IMAGE_FIELDS)
         if problem is None and not all(
@@ -48,9 +49,12 @@ def entries_problem(data: Dict, path: str, evaluated: bool) -> Optional[str]:
             problem = f"height {img['height']!r} / width {img['width']!r}: expected integers > 0"
         if problem is None and not isinstance(img["file_name"], str):
             problem = f"file_name {img['file_name']!r}: expected a string"
+        if problem is None and img["id"] in first_index:
+            problem = f"id {img['id']!r} is also the id of images[{first_index[img['id']]}]"
         if problem:
             return f"{path}: {_entry('images', i, img)}: {problem}"
-        image_ids.add(img["id"])
+        first_index[img["id"]] = i
+        sizes[img["id"]] = (img["width"], img["height"])
     cat_ids = set()
     for i, cat in enumerate(data["categories"]):
         problem = _missing(cat, CATEGORY_FIELDS)
@@ -59,7 +63,7 @@ def entries_problem(data: Dict, path: str, evaluated: bool) -> Optional[str]:
         cat_ids.add(cat["id"])
     fields = (*ANNOTATION_FIELDS, "iscrowd") if evaluated else ANNOTATION_FIELDS
     for i, ann in enumerate(data["annotations"]):
-        problem = _missing(ann, fields) or _annotation_problem(ann, image_ids, cat_ids)
+        problem = _missing(ann, fields) or _annotation_problem(ann, sizes, cat_ids)
         if problem:
             where = _entry("annotations", i, ann)
             if isinstance(ann, dict) and "image_id" in ann:
@@ -68,7 +72,9 @@ def entries_problem(data: Dict, path: str, evaluated: bool) -> Optional[str]:
     return None
 
 
-def _annotation_problem(ann: Dict, image_ids: set, cat_ids: set) -> Optional[str]:
+def _annotation_problem(
+    ann: Dict, sizes: Dict[Any, Tuple[int, int]], cat_ids: set
+) -> Optional[str]:
     bbox = ann["bbox"]
     if not (isinstance(bbox, list) and len(bbox) == 4 and all(_number(v) for v in bbox)):
         return f"bbox {bbox!r}: expected 4 numbers [x, y, width, height]"
@@ -76,8 +82,13 @@ def _annotation_problem(ann: Dict, image_ids: set, cat_ids: set) -> Optional[str
         return f"bbox {bbox!r}: width and height must be > 0"
     if not _number(ann["area"]):
         return f"area {ann['area']!r}: expected a number"
-    if ann["image_id"] not in image_ids:
+    if ann["image_id"] not in sizes:
         return f"image_id {ann['image_id']!r} is not the id of any image"
+    width, height = sizes[ann["image_id"]]
+    x, y, w, h = bbox
+    if x >= width or y >= height or x + w <= 0 or y + h <= 0:
+        # mmdet clips boxes to the image and drops the empty ones: no ground truth, no error
+        return f"bbox {bbox!r} lies outside its image ({width} x {height})"
     if ann["category_id"] not in cat_ids:
         return f"category_id {ann['category_id']!r} is not the id of any category"
     return None
