@@ -231,6 +231,35 @@ def test_evaluator_file_needs_iscrowd(tiny_shapes, tmp_path) -> None:
         check_data(_data_cfg(data), ["train", "val"])
 
 
+def test_evaluator_file_of_another_split(tiny_shapes, tmp_path) -> None:
+    """The evaluator scoring the val images against the train split's JSON, or a val JSON
+    without annotations (twelve -1.000 and no warning), ran to the end."""
+    data = _copy_data(tiny_shapes, tmp_path)
+    cfg = _data_cfg(data)
+    train = os.path.join(data, "annotations", "instances_train.json")
+    cfg.val_evaluator.ann_file = train
+    with pytest.raises(
+        PreflightError,
+        match=rf"^val_evaluator\.ann_file: {re.escape(train)} is not the ground truth of .*"
+        r"instances_val\.json: its images\[0\] .* has other boxes there",
+    ):
+        check_data(cfg, ["val"])
+    _edit(data, "val", lambda d: d.update(annotations=[]))
+    with pytest.raises(PreflightError, match=r"instances_val\.json has no annotations: every COCO"):
+        check_data(_data_cfg(data), ["val"])
+
+
+def test_image_size_differing_from_the_file(tiny_shapes, tmp_path) -> None:
+    """mmdet scales boxes with the decoded size and evaluates at the JSON's: it trained on."""
+    data = _copy_data(tiny_shapes, tmp_path)
+    _edit(data, "train", lambda d: d["images"][2].update(height=d["images"][2]["height"] + 8))
+    with pytest.raises(
+        PreflightError, match=r"images\[2\] \(id \d+\) of .* is \d+ x \d+ \(width x height\), "
+    ):
+        check_data(_data_cfg(data), ["train"])
+    check_data(_data_cfg(data), ["train"], check_images=False)  # sizes need the decoding
+
+
 def test_class_names_differing_in_case(tiny_shapes, tmp_path, monkeypatch, capsys) -> None:
     """'Circle' in the file vs 'circle' in the config trained with no ground truth and
     exit 0; now an error naming both lists."""

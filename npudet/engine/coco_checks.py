@@ -165,4 +165,43 @@ def image_problem(data: Dict, prefix: str, path: str, decode: bool) -> Optional[
                 f"{_entry('images', i, img)} of {path}: image {file} does not decode{why} "
                 "(--skip-image-check skips decoding)"
             )
+        # mmdet scales the boxes with the decoded size but evaluates at the file's: a size
+        # that differs trains and scores silently wrong boxes
+        if array.shape[:2] != (img["height"], img["width"]):
+            return (
+                f"{_entry('images', i, img)} of {path}: image {file} is "
+                f"{array.shape[1]} x {array.shape[0]} (width x height), the file says "
+                f"{img['width']} x {img['height']}"
+            )
     return None
+
+
+def split_problem(dataset: Dict, evaluated: Dict, dataset_path: str, path: str) -> Optional[str]:
+    """The evaluator's annotation file ``evaluated`` scores the dataset's images against
+    their ground truth: it has annotations, and every image of ``dataset`` with the same id,
+    file name and boxes; else pycocotools prints -1 for every number, or scores another
+    split (whose ids and file names may well be the same: only the boxes tell)."""
+    if not evaluated["annotations"]:
+        return f"{path} has no annotations: every COCO number would be -1"
+    names = {img["id"]: img["file_name"] for img in evaluated["images"]}
+    truth, theirs = _boxes_by_image(dataset), _boxes_by_image(evaluated)
+    for i, img in enumerate(dataset["images"]):
+        if names.get(img["id"]) != img["file_name"]:
+            why = "is not in it"
+        elif truth.get(img["id"], []) != theirs.get(img["id"], []):
+            why = "has other boxes there"
+        else:
+            continue
+        return (
+            f"{path} is not the ground truth of {dataset_path}: its "
+            f"{_entry('images', i, img)} ({img['file_name']!r}) {why} (another split's file?)"
+        )
+    return None
+
+
+def _boxes_by_image(data: Dict) -> Dict[Any, List[Tuple]]:
+    boxes: Dict[Any, List[Tuple]] = {}
+    for ann in data["annotations"]:
+        box = tuple(round(float(v), 2) for v in ann["bbox"])
+        boxes.setdefault(ann["image_id"], []).append((ann["category_id"], box))
+    return {image: sorted(found) for image, found in boxes.items()}

@@ -155,6 +155,14 @@ def dataset_classes(dataset: Dict) -> Optional[Tuple[str, ...]]:
     return None if classes is None else tuple(classes)
 
 
+def _coco_path(dataset: Dict) -> Optional[str]:
+    """The local COCO annotation file of a dataset config, or None (remote, BEV, none)."""
+    ann_file = dataset.get("ann_file")
+    if not ann_file or "://" in str(ann_file) or dataset.get("type") == "BEVDataset":
+        return None
+    return _join(dataset.get("data_root"), ann_file)
+
+
 def check_dataset(dataset: Dict, key: str, check_images: bool = True) -> None:
     """A dataset config: annotation file readable with every field the dataset reads,
     categories matching the config's classes, ground truth left after filtering (training
@@ -202,6 +210,13 @@ def check_data(cfg: Config, loaders: List[str], check_images: bool = True) -> No
                 key = f"{name}_evaluator.ann_file"
                 data = read_coco_annotations(ann_file, key)
                 problem = coco_checks.entries_problem(data, ann_file, evaluated=True)
+                # format_only writes predictions for a server (test-dev): no ground truth here
+                datasets = None if evaluator.get("format_only") else loader.get("dataset")
+                for dataset in dataset_cfgs(datasets):
+                    path = _coco_path(dataset)
+                    if problem is None and path is not None:
+                        dataset_data = read_coco_annotations(path, f"{name}_dataloader.dataset")
+                        problem = coco_checks.split_problem(dataset_data, data, path, ann_file)
                 if problem:
                     raise PreflightError(f"{key}: {problem}")
 
