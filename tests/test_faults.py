@@ -594,3 +594,15 @@ def test_a_signal_after_the_last_iteration_says_training_is_complete(tmp_path) -
         f"checkpoint is {path}; evaluate it with tools/test.py"
     )
     assert err.value.checkpoint == path and err.value.signum == signal.SIGINT
+
+
+def test_a_config_number_given_text_names_the_key(tmp_path, monkeypatch, capsys) -> None:
+    """``optimizer.lr=4e-4x`` failed in the first step with "can't multiply sequence by
+    non-int", naming neither the key nor the value."""
+    err = _train_error(
+        ["--cfg-options", "optim_wrapper.optimizer.lr=4e-4x"], tmp_path, monkeypatch, capsys
+    )
+    assert err == (
+        "error: --cfg-options optim_wrapper.optimizer.lr='4e-4x': expected a number "
+        "(the config has 0.0004)"
+    )
