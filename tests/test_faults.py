@@ -606,3 +606,15 @@ def test_a_config_number_given_text_names_the_key(tmp_path, monkeypatch, capsys)
         "error: --cfg-options optim_wrapper.optimizer.lr='4e-4x': expected a number "
         "(the config has 0.0004)"
     )
+
+
+def test_unwritable_test_out_stops_before_the_evaluation(tmp_path, monkeypatch, capsys) -> None:
+    """``tools/test.py --out`` to a path that cannot be written failed after the whole
+    evaluation, with no table; now it is the first check."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("in the way")
+    out = blocker / "preds.pkl"
+    err = _tool(
+        "test.py", [SMALL_DETR, str(tmp_path / "none.pth"), "--out", str(out)], monkeypatch, capsys
+    )
+    assert err == [f"error: --out {out}: cannot be written ({blocker} is not a writable folder)"]

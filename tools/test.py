@@ -26,7 +26,12 @@ from npudet.engine.cli import (
 )
 from npudet.engine.cpu_dist import end_distributed, setup_cpu_distributed
 from npudet.engine.msda_log import msda_summary
-from npudet.engine.preflight import check_checkpoint, check_data, check_msda
+from npudet.engine.preflight import (
+    check_checkpoint,
+    check_data,
+    check_msda,
+    check_output_file,
+)
 
 
 def parse_args() -> argparse.Namespace:
@@ -66,6 +71,7 @@ def main() -> None:
     )
 
     run_checks(
+        lambda: check_output_file(args.out, "--out") if args.out else None,
         lambda: check_msda(cfg),
         lambda: check_data(cfg, ["test"], check_images=not args.skip_image_check),
         lambda: check_checkpoint(cfg, args.checkpoint, "checkpoint", strict=True),

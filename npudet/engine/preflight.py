@@ -221,6 +221,18 @@ def check_data(cfg: Config, loaders: List[str], check_images: bool = True) -> No
                     raise PreflightError(f"{key}: {problem}")
 
 
+def check_output_file(path: str, key: str) -> None:
+    """``path`` can be written when the run ends: not a folder, inside a writable folder
+    (or one that can be created). Checked first, not after the work it would hold."""
+    if os.path.isdir(path):
+        raise PreflightError(f"{key} {path}: a folder; expected a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):  # the nearest existing ancestor decides
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise PreflightError(f"{key} {path}: cannot be written ({folder} is not a writable folder)")
+
+
 def check_train_length(cfg: Config) -> None:
     """``train_cfg`` asks for at least one epoch or iteration."""
     train_cfg = cfg.get("train_cfg") or {}
