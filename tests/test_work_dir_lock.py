@@ -62,3 +62,13 @@ def test_a_work_dir_that_cannot_be_created_is_one_line(tiny_shapes, tmp_path) ->
         f"error: work dir {blocker / 'work'}: cannot create or write it (Not a directory); "
         "pass a writable --work-dir"
     )
+
+
+def test_the_holder_may_lock_its_work_dir_again(tmp_path) -> None:
+    code = HOLDER.replace("print(", "lock_work_dir(sys.argv[1]); print(").replace(
+        "time.sleep(600)\n", ""
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "LOCKED", proc.stderr[-2000:]

@@ -12,14 +12,15 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from typing import List, TextIO
+from typing import Dict, TextIO
 
 from .preflight import PreflightError
 
 LOCK_NAME = ".npudet-train.lock"
 
-# The open lock files of this process: the lock lives as long as its file stays open.
-_held: List[TextIO] = []
+# The open lock files of this process by work dir: a lock lives as long as its file stays
+# open (and a second flock from this process on a new open of the file would conflict).
+_held: Dict[str, TextIO] = {}
 
 
 def lock_work_dir(work_dir: str) -> None:
@@ -28,6 +29,8 @@ def lock_work_dir(work_dir: str) -> None:
     Raises PreflightError when the folder cannot be created or written, or another
     training holds it.
     """
+    if os.path.realpath(work_dir) in _held:
+        return
     try:
         os.makedirs(work_dir, exist_ok=True)
         handle = open(os.path.join(work_dir, LOCK_NAME), "a+")
@@ -50,4 +53,4 @@ def lock_work_dir(work_dir: str) -> None:
     handle.truncate()
     handle.write(f"training process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})")
     handle.flush()
-    _held.append(handle)
+    _held[os.path.realpath(work_dir)] = handle
