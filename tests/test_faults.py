@@ -26,11 +26,12 @@ from typing import Callable, Dict, List
 import pytest
 import torch
 import torch.nn.functional as F
-from hooks_util import KEYS, QUERIES, SHAPES, toy_runner
+from hooks_util import KEYS, QUERIES, SHAPES, RandomSet, toy_runner
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from plugin_util import ROOT, SMALL_DETR, data_options, run_tool
+from torch.utils.data import Dataset
 
 import npudet.hooks  # noqa: F401  (register)
 from npudet.engine.cli import run_guarded
@@ -41,6 +42,7 @@ from npudet.hooks import (
     NonFiniteLossError,
     NothingTrainedError,
     TrainingInterrupted,
+    train_keeping_progress,
 )
 from npudet.models import resolve_msda_cfg
 from npudet.nn import MSDeformAttn
@@ -618,3 +620,34 @@ def test_unwritable_test_out_stops_before_the_evaluation(tmp_path, monkeypatch, 
         "test.py", [SMALL_DETR, str(tmp_path / "none.pth"), "--out", str(out)], monkeypatch, capsys
     )
     assert err == [f"error: --out {out}: cannot be written ({blocker} is not a writable folder)"]
+
+
+class _UndecodableAt(Dataset):
+    """hooks_util's RandomSet whose sample ``bad`` fails to load, as an image that does not
+    decode mid-epoch under ``--skip-image-check``."""
+
+    def __init__(self, bad: int) -> None:
+        self.items, self.bad = RandomSet(8).items, bad
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int):
+        if index == self.bad:
+            raise OSError(f"image {index} does not decode")
+        return self.items[index]
+
+
+def test_a_failure_mid_run_saves_the_progress_first(tmp_path) -> None:
+    """An image that failed to decode mid-epoch lost every iteration since the last
+    checkpoint; tools/train.py's ``train_keeping_progress`` saves them, then the error goes on."""
+    work = str(tmp_path)
+    runner = toy_runner(work, [{"type": "RunGuardHook"}], max_iters=4)
+    runner._train_dataloader = torch.utils.data.DataLoader(
+        _UndecodableAt(bad=6), batch_size=2, shuffle=False
+    )
+    with pytest.raises(OSError, match="image 6 does not decode"):
+        train_keeping_progress(runner)
+    path = os.path.join(work, "iter_3.pth")  # batches 0-2 trained, batch 3 holds sample 6
+    assert torch.load(path, weights_only=False)["meta"]["iter"] == 3
+    assert open(os.path.join(work, "last_checkpoint")).read() == path

@@ -34,7 +34,7 @@ from npudet.engine.preflight import (
     check_train_length,
 )
 from npudet.engine.resume import plan_resume
-from npudet.hooks import compile_with_hook, launch_env_setup
+from npudet.hooks import compile_with_hook, launch_env_setup, train_keeping_progress
 
 
 def parse_args() -> argparse.Namespace:
@@ -124,7 +124,7 @@ def main() -> None:
         runner.logger.info(msda_summary(runner.model))
         if resume_note:
             runner.logger.info(resume_note)
-        runner.train()
+        train_keeping_progress(runner)
 
     try:
         run_guarded(train)

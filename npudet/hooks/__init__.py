@@ -33,6 +33,7 @@ from .run_guard import (
     RunGuardHook,
     TrainingInterrupted,
     checkpoint_digest,
+    train_keeping_progress,
     verify_checkpoint,
 )
 from .torch_compile import TorchCompileHook, compile_forward, compile_with_hook
@@ -47,6 +48,7 @@ __all__ = [
     "RunGuardHook",
     "TrainingInterrupted",
     "checkpoint_digest",
+    "train_keeping_progress",
     "verify_checkpoint",
     "CocoSummaryHook",
     "EvalProgressHook",

@@ -5,6 +5,8 @@ a run that trains nothing fails.
   safe point (after the current iteration, or validation batch) and raise
   :class:`TrainingInterrupted`; a second signal interrupts at once. A run that ends having
   trained no iteration raises :class:`NothingTrainedError`.
+- :func:`train_keeping_progress`: ``runner.train()`` that saves the iterations done since
+  the last checkpoint when training fails (and re-raises).
 - ``CheckpointChecksumHook``: every checkpoint the runner saves carries the sha256 of its
   content in ``meta['npudet_sha256']``, checked when the runner loads it
   (:func:`verify_checkpoint`; npudet's tools check it before the runner exists too).
@@ -26,8 +28,13 @@ from mmdet.registry import HOOKS
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.runner import EpochBasedTrainLoop
 
-from .atomic_checkpoint import AtomicCheckpointHook, save_atomically, write_record
-from .non_finite_loss import _any_rank
+from .atomic_checkpoint import (
+    AtomicCheckpointHook,
+    CheckpointSaveError,
+    save_atomically,
+    write_record,
+)
+from .non_finite_loss import NonFiniteLossError, _any_rank
 
 CHECKSUM_KEY = "npudet_sha256"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -220,7 +227,7 @@ class RunGuardHook(Hook):
         signum = self.signum if self.signum is not None else signal.SIGTERM  # another rank's
         self._restore()
         name = signal.Signals(signum).name
-        path = self._saved_at(runner, iters) or self._save(runner, epoch, iters)
+        path = saved_at(runner, iters) or save_progress(runner, epoch, iters)
         if iters >= runner.train_loop.max_iters:  # the final validation: nothing to resume
             message = (
                 f"interrupted by {name} after the last iteration ({iters}): training is "
@@ -234,27 +241,49 @@ class RunGuardHook(Hook):
         runner.logger.warning(message)
         raise TrainingInterrupted(message, signum, path)
 
-    @staticmethod
-    def _saved_at(runner: Any, iters: int) -> Optional[str]:
-        """The checkpoint ``AtomicCheckpointHook`` saved after ``iters`` iterations, if it
-        just did (at an epoch's or the training's end): no copy of it is needed."""
-        hook = next((h for h in runner.hooks if isinstance(h, AtomicCheckpointHook)), None)
-        if hook is None or getattr(hook, "last_ckpt_iters", None) != iters:
-            return None
-        return hook.last_ckpt if os.path.isfile(hook.last_ckpt) else None
 
-    def _save(self, runner: Any, epoch: int, iters: int) -> str:
-        hook = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
-        out_dir = getattr(hook, "out_dir", None) or runner.work_dir
-        filename = f"iter_{iters}.pth"
-        path = save_atomically(
-            runner,
-            out_dir,
-            filename,
-            meta=dict(epoch=epoch, iter=iters),
-            by_epoch=False,
-            backend_args=getattr(hook, "backend_args", None),
-        )
-        if runner.rank == 0:
-            write_record(runner.work_dir, path)
-        return path
+def saved_at(runner: Any, iters: int) -> Optional[str]:
+    """The checkpoint ``AtomicCheckpointHook`` saved after ``iters`` iterations, if it did
+    (at an epoch's or the training's end): no copy of it is needed."""
+    hook = next((h for h in runner.hooks if isinstance(h, AtomicCheckpointHook)), None)
+    if hook is None or getattr(hook, "last_ckpt_iters", None) != iters:
+        return None
+    return hook.last_ckpt if os.path.isfile(hook.last_ckpt) else None
+
+
+def save_progress(runner: Any, epoch: int, iters: int) -> str:
+    """Save ``iter_{iters}.pth`` next to ``CheckpointHook``'s checkpoints (atomically) and
+    point ``last_checkpoint`` at it; its path."""
+    hook = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
+    out_dir = getattr(hook, "out_dir", None) or runner.work_dir
+    path = save_atomically(
+        runner,
+        out_dir,
+        f"iter_{iters}.pth",
+        meta=dict(epoch=epoch, iter=iters),
+        by_epoch=False,
+        backend_args=getattr(hook, "backend_args", None),
+    )
+    if runner.rank == 0:
+        write_record(runner.work_dir, path)
+    return path
+
+
+def train_keeping_progress(runner: Any) -> None:
+    """``runner.train()``; when it fails (an image that does not decode mid-epoch, a crash
+    in a layer), the iterations done since the last checkpoint are saved first
+    (``iter_N.pth``, logged) and the error goes on. Not after a stop that must keep the
+    last checkpoint as it is (divergence, a failed save, a corrupt checkpoint)."""
+    try:
+        runner.train()
+    except (NonFiniteLossError, CheckpointSaveError, CheckpointCorruptError):
+        raise
+    except Exception:
+        iters = runner.iter
+        if iters > 0 and saved_at(runner, iters) is None:
+            path = save_progress(runner, runner.epoch, iters)
+            runner.logger.error(
+                f"training failed after iteration {iters}: the progress is saved to {path}; "
+                "continue with --resume once the cause is fixed"
+            )
+        raise
