@@ -45,10 +45,13 @@ def test_variable_brings_the_stand_in_before_anything_else():
         facts = {"torch.npu": torch.npu.is_available(), "cann": torch.version.cann}
         import torch_npu, mx_driving
         from mmengine.device import get_device, is_npu_support_full_precision
+        from mmengine.registry import OPTIMIZERS
+        from mmengine.optim.optimizer.builder import NPU_OPTIMIZERS
         from npudet.ops import msda_impls
         facts.update(torch_npu=torch_npu.__file__, mx_driving=mx_driving.__file__,
                      device=get_device(), full_precision=is_npu_support_full_precision(),
-                     impls=msda_impls(), name=torch.npu.get_device_name(0))
+                     impls=msda_impls(), name=torch.npu.get_device_name(0),
+                     optimizers=[n for n in NPU_OPTIMIZERS if OPTIMIZERS.get(n)])
         print(json.dumps(facts))
         """
     )
@@ -58,6 +61,7 @@ def test_variable_brings_the_stand_in_before_anything_else():
     assert facts["mx_driving"].startswith(str(SIM_PATH))
     assert facts["device"] == "npu" and facts["full_precision"] is True
     assert "npu_vendor" in facts["impls"]
+    assert sorted(facts["optimizers"]) == ["NpuFusedAdam", "NpuFusedAdamW", "NpuFusedSGD"]
     assert "Simulated" in facts["name"]
     plain = subprocess.run(
         [PY, "-c", "import torch_npu"],
