@@ -112,3 +112,11 @@ def test_nan_predictions_stop_before_the_matcher(tmp_path) -> None:
 def test_divergence_factor_is_checked() -> None:
     with pytest.raises(ValueError, match="divergence_factor: expected a number > 1"):
         NonFiniteLossHook(divergence_factor=0.5)
+
+
+def test_a_zero_first_loss_is_no_reference() -> None:
+    hook = NonFiniteLossHook()
+    assert hook._divergence(torch.tensor(0.0)) is None and hook.first_loss is None
+    assert hook._divergence(torch.tensor(2.0)) is None and hook.first_loss == 2.0
+    assert hook._divergence(torch.tensor(1999.0)) is None
+    assert "more than 1000 times the run's first loss (2;" in hook._divergence(torch.tensor(2001.0))

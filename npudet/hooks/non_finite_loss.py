@@ -139,12 +139,12 @@ class NonFiniteLossHook(Hook):
 
     def _divergence(self, loss: torch.Tensor) -> Optional[str]:
         """How a finite ``loss`` exceeds ``divergence_factor`` times the run's first, or None
-        (the first finite loss becomes the reference)."""
+        (the first finite non-zero loss becomes the reference)."""
         if not bool(torch.isfinite(loss).all()) or self.divergence_factor is None:
             return None
         value = float(loss.detach().float().abs().max()) if loss.numel() else 0.0
-        if self.first_loss is None:
-            self.first_loss = value
+        if self.first_loss is None:  # a zero loss is no scale to compare with: wait for one
+            self.first_loss = value if value > 0 else None
             return None
         if value <= self.divergence_factor * self.first_loss:
             return None
