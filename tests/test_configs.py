@@ -10,7 +10,7 @@ from mmcv.ops import MultiScaleDeformableAttention as MMCVMSDA
 from mmengine.config import Config
 from plugin_util import ROOT, build_model, drop_pretrained
 
-from npudet.models import MultiScaleDeformableAttention
+from npudet.models import MSDA_MODELS, MultiScaleDeformableAttention
 
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "[!_]*", "*.py")))
 
@@ -18,7 +18,7 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "[!_]*", "*.py")))
 @pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
 def test_config_parses_with_msda_key(path: str) -> None:
     cfg = Config.fromfile(path)
-    assert cfg.model.type in ("DeformableDETR", "DINO", "BEVFormer")
+    assert cfg.model.type in ("DeformableDETR", "DINO", "BEVFormer", *MSDA_MODELS)
     assert cfg.model.msda.impl == "auto"
     assert cfg.custom_imports.imports == ["npudet.plugin"]
     # the R50 configs start from ImageNet weights as mmdet's and BEVFormer-tiny's do (the

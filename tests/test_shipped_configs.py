@@ -3,15 +3,17 @@
 For each config (found by glob, so a new one is covered; ``_base_`` skipped):
 
 - one with a counterpart of the same path among mmdet's own configs (every ``*_coco.py``
-  must have one) resolves to mmdet's config at every key but those of
-  :data:`NPUDET_CHANGES`, and differs at each of those. A config that changes anything else
-  of mmdet's fails: ``model.backbone.init_cfg=None`` (ResNet-50 silently trained from
-  scratch) shows up as a difference at ``model.backbone.init_cfg``; a stale entry of the list
-  fails too.
+  or ``*_coco-panoptic.py`` must have one) resolves to mmdet's config at every key but those
+  of :data:`NPUDET_CHANGES`, and differs at each of :data:`EVERY_CONFIG_CHANGES`. A config
+  that changes anything else of mmdet's fails: ``model.backbone.init_cfg=None`` (ResNet-50
+  silently trained from scratch) shows up as a difference at ``model.backbone.init_cfg``; an
+  entry of the list no config differs at fails too.
 - its model builds with the pretrained weights dropped (``plugin_util.drop_pretrained``; any
-  remote checkpoint load fails the test instead of downloading), and one training step on
-  generated data gives finite losses and a nonzero gradient at the ``sampling_offsets`` of
-  every MSDA layer (a layer cut off from the loss fails; a model without one fails).
+  remote checkpoint load fails the test instead of downloading; Grounding DINO's BERT is a
+  local one the test writes), and one training step on generated data (boxes; masks for
+  Mask2Former, + semantic maps for panoptic; the class names as the prompt for Grounding
+  DINO) gives finite losses and a nonzero gradient at the ``sampling_offsets`` of every MSDA
+  layer (a layer cut off from the loss fails; a model without one fails).
 """
 
 from __future__ import annotations
@@ -45,11 +47,34 @@ NPUDET_CHANGES = {
     "vis_backends": "+ TensorboardVisBackend: scalars next to the JSON log, as npudet's others",
     "visualizer.vis_backends": "as vis_backends",
 }
+# ... of which every config has these (Mask2Former panoptic keeps mmdet's evaluator list:
+# CocoPanopticMetric + CocoMetric)
+EVERY_CONFIG_CHANGES = set(NPUDET_CHANGES) - {
+    "val_evaluator.type",
+    "val_evaluator.backend",
+    "test_evaluator.type",
+    "test_evaluator.backend",
+}
 
 # Generated COCO-style input: 192x256 gives the 4-level memory 1020 tokens (24x32 + 12x16 +
 # 6x8 + 3x4), enough for DINO's 900 two-stage proposals (torch.topk over the memory), while
 # the R50 stays quick on 2 cores.
 IMAGE_SHAPE = (3, 192, 256)
+
+# What a step here changes of a config beyond the pretrained weights, to keep it short or to
+# run without optional packages (model type: {dotted key: value}):
+STEP_OVERRIDES = {
+    # 100 of DDQ's 900 queries: it ranks num_queries * (1 + dense_topk_ratio) proposals from the
+    # memory (IMAGE_SHAPE has 1020 tokens), and with 900 (2250 dense queries, at 320x480) the
+    # step took several minutes on 2 loaded cores
+    "DDQDETR": {"num_queries": 100},
+    # mmdet's large-scale-jitter pad of every batch to 1024x1024 is a data step, not the
+    # model's; 12544 points per mask are for 1024x1024 images
+    "Mask2Former": {"data_preprocessor.batch_augments": None, "train_cfg.num_points": 3136},
+    # activation checkpointing of the encoder layers (num_cp=6) needs fairscale, which npudet
+    # does not install; the layers are the same without it
+    "GroundingDINO": {"encoder.num_cp": 0},
+}
 
 
 def mmdet_config_path(path: str) -> str:
@@ -129,27 +154,81 @@ MMDET_DERIVED = [
 ]
 
 
-@pytest.mark.parametrize("path", MMDET_DERIVED, ids=os.path.basename)
-def test_coco_config_is_mmdets(path: str) -> None:
+def mmdet_differences(path: str) -> Set[str]:
+    """The dotted keys at which the config at ``path`` differs from mmdet's counterpart."""
     mmdet_path = mmdet_config_path(path)
     assert os.path.exists(mmdet_path), f"no mmdet config at {mmdet_path}"
-    differences = config_differences(Config.fromfile(path), Config.fromfile(mmdet_path))
+    return config_differences(Config.fromfile(path), Config.fromfile(mmdet_path))
+
+
+@pytest.mark.parametrize("path", MMDET_DERIVED, ids=os.path.basename)
+def test_coco_config_is_mmdets(path: str) -> None:
+    differences = mmdet_differences(path)
     undocumented = sorted(k for k in differences if not covering_entry(k))
     assert not undocumented, f"differs from mmdet's config at undocumented keys: {undocumented}"
-    stale = sorted(set(NPUDET_CHANGES) - {covering_entry(k) for k in differences})
-    assert not stale, f"NPUDET_CHANGES lists keys at which the config is mmdet's: {stale}"
+    missing = sorted(EVERY_CONFIG_CHANGES - {covering_entry(k) for k in differences})
+    assert not missing, f"the config is mmdet's at keys every config changes: {missing}"
+
+
+def test_no_stale_change_entry() -> None:
+    used = {covering_entry(k) for path in MMDET_DERIVED for k in mmdet_differences(path)}
+    stale = sorted(set(NPUDET_CHANGES) - used)
+    assert not stale, f"NPUDET_CHANGES lists keys at which every config is mmdet's: {stale}"
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A local BERT for Grounding DINO's text encoder (the configs keep mmdet's hub name)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported
+    from msda_models_util import write_tiny_bert
+
+    return write_tiny_bert(str(tmp_path_factory.mktemp("bert")), ["person", "car"])
+
+
+def generated_batch(cfg: Config) -> Dict:
+    """One image of :data:`IMAGE_SHAPE` with what the model's loss reads: boxes; masks for
+    Mask2Former, + semantic maps when panoptic; the prompt for Grounding DINO."""
+    from mmdet.testing import demo_mm_inputs
+
+    model = cfg.model
+    if model.type == "Mask2Former":
+        head = model.panoptic_head
+        num_classes = head.num_things_classes + head.num_stuff_classes
+        extra = dict(
+            with_mask=True, with_semantic=head.num_stuff_classes > 0, sem_seg_output_strides=1
+        )
+    else:
+        num_classes, extra = model.bbox_head.num_classes, {}
+    torch.manual_seed(0)
+    batch = demo_mm_inputs(
+        batch_size=1,
+        image_shapes=[IMAGE_SHAPE],
+        num_items=[2],
+        num_classes=num_classes,
+        **extra,
+    )
+    if model.type == "GroundingDINO":
+        for sample in batch["data_samples"]:
+            sample.set_metainfo(dict(text=("person", "car"), custom_entities=True))
+            sample.gt_instances.labels %= 2
+    return batch
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
-def test_config_trains_one_step(path: str) -> None:
+def test_config_trains_one_step(path: str, request: pytest.FixtureRequest) -> None:
     from mmengine.utils import import_modules_from_strings
 
     cfg = Config.fromfile(path)
     import_modules_from_strings(**cfg.custom_imports)  # as the runner does
     drop_pretrained(cfg)
     # grid_sample: the reference implementation, nothing to compile; `auto` and the others
-    # are tested on their own (test_msda_switch.py, test_msda_parity.py)
-    cfg.model.msda = dict(impl="grid_sample", encoder=None, decoder=None)
+    # are tested on their own (test_msda_switch.py, test_msda_parity.py, test_msda_models.py)
+    cfg.model.msda = dict(impl="grid_sample")
+    if cfg.model.type == "GroundingDINO":
+        cfg.model.language_model.name = request.getfixturevalue("tiny_bert")
+    cfg.merge_from_dict(
+        {f"model.{k}": v for k, v in STEP_OVERRIDES.get(cfg.model.type, {}).items()}
+    )
     model = build_model(cfg)
     if cfg.model.type == "BEVFormer":
         from bev_util import random_batch
@@ -157,15 +236,7 @@ def test_config_trains_one_step(path: str) -> None:
         # 32x48 images, two frames: the previous one feeds temporal self-attention
         batch = random_batch(b=1, t=2, n=cfg.model.encoder.num_cams)
     else:
-        from mmdet.testing import demo_mm_inputs
-
-        torch.manual_seed(0)
-        batch = demo_mm_inputs(
-            batch_size=1,
-            image_shapes=[IMAGE_SHAPE],
-            num_items=[2],
-            num_classes=cfg.model.bbox_head.num_classes,
-        )
+        batch = generated_batch(cfg)
     losses, grads = loss_and_grads(model, batch)
     assert losses and all(torch.isfinite(v).all() for v in losses.values()), losses
 

@@ -1,0 +1,13 @@
+# mmdet's ddq-detr-4scale_r50_8xb2-12e_coco on npudet's MSDA (same model, weights, schedule).
+# Data: COCO 2017 under data/coco/ (override the roots with --cfg-options);
+# configs/_base_/npudet_coco.py says what npudet changes.
+_base_ = [
+    'mmdet::ddq/ddq-detr-4scale_r50_8xb2-12e_coco.py',
+    '../_base_/npudet_coco.py'
+]
+model = dict(msda=dict(impl='auto', encoder=None, decoder=None))
+val_evaluator = dict(type='FastCocoMetric', backend='auto')
+test_evaluator = val_evaluator
+vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]
+visualizer = dict(
+    type='DetLocalVisualizer', vis_backends=vis_backends, name='visualizer')
