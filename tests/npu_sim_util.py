@@ -42,14 +42,12 @@ def preload() -> None:
     """
     if os.environ.get(ENV) == "1":
         return
-    sys.path.insert(0, str(SIM_PATH))
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(SIM_PATH))
         import npudet_npu_sim
         import torch_npu  # noqa: F401  (loads the device, as importing torch_npu does)
 
         npudet_npu_sim.set_visible(False)
-    finally:
-        sys.path.remove(str(SIM_PATH))
         _unimport()
 
 
