@@ -237,3 +237,25 @@ def test_triton_on_npu_needs_triton_ascend_or_the_interpreter(simulated_npu, mon
     monkeypatch.setitem(sys.modules, backend._KERNELS, type("K", (), {"INTERPRETED": False}))
     reasons = backend._npu_reasons()
     assert reasons and "triton-ascend" in reasons[0]
+
+
+def test_npu_vendor_is_declined_inside_torch_compile(simulated_npu):
+    """Both vendor routes end in a pybind binding dynamo cannot trace: `auto` must take the next
+    candidate in compiled code instead of breaking the graph there."""
+    from unittest import mock
+
+    from npudet.ops.msda import get_impl, validate_inputs
+
+    info = validate_inputs(*_msda_args(), check_values=False)
+    assert get_impl("npu_vendor").not_supported_reasons(info) == []
+    with mock.patch("npudet.utils.torch_compat.torch_is_compiling", return_value=True):
+        reasons = get_impl("npu_vendor").not_supported_reasons(info)
+    assert reasons == ["mx_driving: its autograd.Function does not trace under torch.compile"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_amp_on_npu_takes_both_half_dtypes(dtype):
+    from npudet.engine.amp import amp_optim_wrapper
+
+    wrapper = amp_optim_wrapper(dict(type="OptimWrapper"), "npu", dtype)
+    assert wrapper == dict(type="AmpOptimWrapper", dtype=dtype, loss_scale="dynamic")
