@@ -110,7 +110,9 @@ class NonFiniteLossHook(Hook):
 
     def _check_predictions(self, runner: Any) -> Any:
         def check(module: torch.nn.Module, args: Any, outputs: Any) -> None:
-            if not module.training:
+            # Under torch.compile the check would be traced: a host sync, so a graph break
+            # in every step; compiled runs keep the loss check only.
+            if not module.training or torch.compiler.is_compiling():
                 return
             tensors = [t for t in _tensors(outputs) if t.is_floating_point()]
             bad = any(not bool(torch.isfinite(t).all()) for t in tensors)
