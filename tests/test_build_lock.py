@@ -63,6 +63,12 @@ def _setup(tmp_path: Path) -> Dict[str, str]:
     )
 
 
+def _default_sigint() -> None:
+    # A suite started in the background (`cmd &` without job control) ignores SIGINT, and
+    # children inherit that: give the child a terminal's Ctrl-C as a foreground job has.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, env: Dict[str, str]) -> subprocess.Popen:
     # Its own session, as a job under a shell is: a signal can go to the whole group.
     return subprocess.Popen(
@@ -73,6 +79,7 @@ def _start(tmp_path: Path, env: Dict[str, str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_default_sigint,
     )
 
 
@@ -129,9 +136,12 @@ def test_a_killed_build_blocks_no_one_and_the_waiter_says_whose_it_is(tmp_path) 
 def test_ctrl_c_during_a_build_ends_the_process(tmp_path) -> None:
     env = _setup(tmp_path)
     proc = _start(tmp_path, env)
-    _wait_for(tmp_path / "compiling", proc)
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
-    out, err = proc.communicate(timeout=120)
+    try:
+        _wait_for(tmp_path / "compiling", proc)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the foreground group
+        out, err = proc.communicate(timeout=120)
+    finally:
+        (tmp_path / "SLOW").unlink(missing_ok=True)  # no waiting compiler outlives the test
     # Not a failed build (which would warn "building ... failed" and go on without it).
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, (out, err)
     assert "RESULT" not in out and "failed" not in err, (out, err)
