@@ -195,22 +195,34 @@ def test_mx_driving_double_binding_checks(simulated_npu):
         mx_driving.multi_scale_deformable_attn(value[:, :0], shapes, starts, loc, weights)
 
 
-def test_auto_on_npu_walks_the_npu_list_verifies_and_records(
-    simulated_npu, tmp_path, monkeypatch, caplog
-):
+def test_auto_on_npu_walks_the_npu_list_verifies_and_records(simulated_npu, tmp_path, monkeypatch):
     from npudet.ops import multi_scale_deformable_attn
     from npudet.ops.msda import auto
     from npudet.ops.msda.checks import records
 
     monkeypatch.setenv("NPUDET_VERIFY_FILE", str(tmp_path / "verified.json"))
     auto.reset()
+    monkeypatch.setattr(auto, "_announced", set())
     value, shapes, starts, loc, weights = _msda_args()
-    with caplog.at_level(logging.INFO, logger="npudet"):
+    # A handler on the npudet logger itself, enabled at INFO: an earlier test's logging setup
+    # may have disabled it or stopped it propagating to the root logger caplog listens on.
+    logged = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = logged.append
+    logger = logging.getLogger("npudet")
+    monkeypatch.setattr(logger, "disabled", False)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
         out = multi_scale_deformable_attn(value, shapes.long(), starts.long(), loc, weights)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     assert out.device.type == "npu"
     assert auto.AUTO_PRIORITY["npu"][0] == "npu_vendor"
-    chosen = [r.getMessage() for r in caplog.records if "npudet MSDA auto on npu" in r.getMessage()]
-    assert chosen and "'npu_vendor'" in chosen[0], caplog.text
+    chosen = [r.getMessage() for r in logged if "npudet MSDA auto on npu" in r.getMessage()]
+    assert chosen and "'npu_vendor'" in chosen[0], [r.getMessage() for r in logged]
     assert auto.verdict("npu_vendor", "npu:0", torch.float32) == ""
     key = records.fingerprint("npu_vendor", "npu")
     assert key["toolkit"] == "simulated" and key["torch_npu"] == "0+npudet.simulated"
