@@ -44,14 +44,19 @@ def _interpret_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+def _interpreted() -> bool:
+    """Whether the kernels run under the interpreter: as they were decorated if loaded, else
+    as they would be now."""
+    loaded = sys.modules.get(_KERNELS)
+    return loaded.INTERPRETED if loaded is not None else _interpret_requested()
+
+
 @assume_constant_result
 def _cpu_reasons() -> tuple:
     """Why CPU tensors cannot run here: they need the interpreter."""
-    loaded = sys.modules.get(_KERNELS)
-    interpreted = loaded.INTERPRETED if loaded is not None else _interpret_requested()
-    if interpreted:
+    if _interpreted():
         return ()
-    if loaded is not None:
+    if _KERNELS in sys.modules:
         return (
             "cpu tensors need the Triton interpreter, but the kernels were compiled "
             "before TRITON_INTERPRET=1 was set",
@@ -66,8 +71,7 @@ def _cpu_reasons() -> tuple:
 def _npu_reasons() -> tuple:
     """Why NPU tensors cannot run here: compiled kernels need triton-ascend's backend (the
     ``ascend`` folder it adds to ``triton/backends``); interpreted ones need nothing."""
-    loaded = sys.modules.get(_KERNELS)
-    if loaded.INTERPRETED if loaded is not None else _interpret_requested():
+    if _interpreted():
         return ()
     import triton.backends
 
