@@ -1,16 +1,23 @@
 """tools/ablate.py: two implementations x 3 iterations of the small Deformable DETR, all
-outputs written; the small BEV config too; and the table arithmetic on hand-made records."""
+outputs written; the small BEV config too (both slow); in the default run the order the
+variants run in (interleaved round by round), the marking of loaded runs on an injected load,
+the refusal of a variant that cannot run before any training, and the table arithmetic on
+hand-made records."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 
 import pytest
+from matplotlib.colors import to_hex
 from plugin_util import ROOT, SMALL_DETR, run_tool
 
-from npudet.ablation.report import markdown_table, summarise
+from npudet.ablation import ablate as ablate_module
+from npudet.ablation.report import markdown_table, summarise, time_split_figure
 from npudet.ablation.variants import Variant, parse_variants
+from npudet.ops.msda.bench import conditions
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -36,6 +43,9 @@ def ablate_tool(config: str, impls: str, iters: int, work, data_option: str, *ar
     )
 
 
+# 44 s and 36 s on 2 cores: the default run keeps the run order, the loaded marking and the
+# refusal below on stand-in runs; these train for real.
+@pytest.mark.slow
 def test_ablate_two_impls_three_iters(tiny_shapes, tmp_path):
     work = tmp_path / "ablate"
     proc = ablate_tool(
@@ -68,8 +78,18 @@ def test_ablate_two_impls_three_iters(tiny_shapes, tmp_path):
     first = [records[impl]["loss"][0] for impl in records]
     assert first[0] == pytest.approx(first[1], rel=1e-5)
     assert "| grid_sample |" in proc.stdout and "| cpu |" in proc.stdout
+    stored = json.loads((work / "ablation.json").read_text())
+    assert stored["machine"]["cpu_model"] and stored["commit"]
+    for impl in ("grid_sample", "cpu"):
+        (run,) = stored["runs"]["eager"][impl]
+        assert len(run["iter_cpu_ms"]) == 3 and min(run["iter_cpu_ms"]) > 0
+        cond = run["conditions"]
+        assert len(cond["load_1m"]) == 2 and cond["cpu_s"] > 0 and cond["wall_s"] > 0
+        assert cond["threads"] == 2
+    assert all(row["loaded"] in ("True", "False") for row in rows)
 
 
+@pytest.mark.slow
 def test_ablate_bev_config(tmp_path):
     from bev_util import tiny_bev_set
 
@@ -106,6 +126,90 @@ def test_ablate_bad_impls_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --impls item 'nope'")
     assert not (tmp_path / "w").exists()
+
+
+def test_ablate_refuses_a_variant_that_cannot_run_before_any_training(tmp_path):
+    """``triton`` on CPU tensors without the interpreter: refused in one line naming the
+    variant, before the baseline trains (the work dir is never made)."""
+    work = tmp_path / "w"
+    proc = run_tool(
+        ["tools/ablate.py", SMALL_DETR, "--impls", "grid_sample,triton", "--work-dir", str(work)],
+        env={"TRITON_INTERPRET": "0"},
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --impls variant 'triton' cannot run:"), last
+    assert "Triton interpreter" in last and not work.exists()
+    assert "[ablate]" not in proc.stdout
+
+
+def _fake_record(iter_ms, iter_cpu_ms):
+    return dict(
+        loss=[3.0, 2.0, 1.0], iter_ms=iter_ms, iter_cpu_ms=iter_cpu_ms, msda_fwd_ms=[5.0] * 3,
+        msda_bwd_ms=[5.0] * 3, msda_calls=6, peak_mem_mb=100.0, device="cpu", threads=2,
+        torch="x", graph_breaks=0, msda_impls=None,
+    )  # fmt: skip
+
+
+def test_ablate_interleaves_rounds_and_marks_a_loaded_run(tmp_path, monkeypatch):
+    """Two rounds run grid_sample, cpu, grid_sample, cpu; cpu's second round sees a load of
+    3.6 on 2 threads: its speed-up is marked loaded (table, CSV, JSON, plot) with the CPU-time
+    speed-up beside it; the baseline's is not."""
+    order, loads = [], iter([0.2, 0.3, 0.2, 0.3, 0.2, 0.3, 3.4, 3.6])
+    monkeypatch.setattr(conditions, "load_1m", lambda: next(loads))
+
+    def fake_run(spec, threads):
+        order.append((spec["msda"]["impl"], spec["work_dir"].rsplit("round", 1)[1]))
+        fast = spec["msda"]["impl"] == "cpu"
+        return (
+            _fake_record([999.0, 50.0, 50.0], [999.0, 60.0, 60.0])
+            if fast
+            else _fake_record([999.0, 100.0, 100.0], [999.0, 150.0, 150.0])
+        )
+
+    monkeypatch.setattr(ablate_module, "run_variant", fake_run)
+    monkeypatch.setattr(ablate_module, "save_initial_weights", lambda *args: None)
+    monkeypatch.setattr(ablate_module, "check_data", lambda *args: None)
+    work = tmp_path / "ablate"
+    args = argparse.Namespace(
+        config=SMALL_DETR, impls="grid_sample,cpu", iters=3, work_dir=str(work), threads=2,
+        rounds=2, warmup=1, seed=0, compile=None, cfg_options=None,
+    )  # fmt: skip
+    ablate_module.ablate(args)
+    assert order == [("grid_sample", "0"), ("cpu", "0"), ("grid_sample", "1"), ("cpu", "1")]
+    stored = json.loads((work / "ablation.json").read_text())
+    base, cpu = stored["rows"]
+    assert not base["loaded"] and cpu["loaded"]
+    assert cpu["loaded_why"] == "cpu: load 3.6 > 2 threads + 0.5"
+    assert cpu["speedup"] == pytest.approx(2.0) and cpu["cpu_time_speedup"] == pytest.approx(2.5)
+    assert stored["runs"]["eager"]["cpu"][1]["conditions"]["load_1m"] == [3.4, 3.6]
+    md = (work / "ablation.md").read_text()
+    assert "| (2.00x) loaded, CPU-time 2.50x |" in md and "| 1.00x |" in md
+    assert "loaded (cpu: load 3.6 > 2 threads + 0.5)" in md
+    with open(work / "ablation.csv") as f:
+        assert [r["loaded"] for r in csv.DictReader(f)] == ["False", "True"]
+
+
+def test_time_split_plot_greys_a_loaded_variant():
+    runs = {
+        "grid_sample": [_fake_record([9.0, 100.0, 100.0], [9.0, 150.0, 150.0])],
+        # wall 2x its CPU time (no load recorded): the starved rule marks it
+        "cpu": [_fake_record([9.0, 50.0, 50.0], [9.0, 25.0, 25.0])],
+    }
+    parts = {k: {"encoder": k, "decoder": k} for k in runs}
+    rows = summarise(runs, parts, warmup=1)
+    assert [r.loaded for r in rows] == [False, True]
+    assert rows[1].loaded_why == "cpu: wall 2.0x CPU time"
+    fig = time_split_figure(rows, "t")
+    (ax,) = fig.axes
+    colours = [to_hex(bar.get_facecolor()) for bar in ax.patches]
+    # three stacked parts per variant, in variant order within each part
+    assert colours[1::2] == [conditions.LOADED_STYLE["color"]] * 3
+    assert "#bdbdbd" not in colours[0::2]
+    texts = {t.get_text(): to_hex(t.get_color()) for t in ax.texts}
+    assert texts["100 ms\n1.00x"] == "#000000"
+    assert texts["50 ms, loaded\n(wall 2.00x)\nCPU-time 6.00x"] == conditions.LOADED_TEXT
 
 
 def test_parse_variants_per_layer():

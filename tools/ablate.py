@@ -7,14 +7,18 @@ python tools/ablate.py CONFIG --impls grid_sample,gather,cpu[,ENC/DEC] --iters N
 Every variant trains from the same seed and the same initial weights (built once,
 saved as ``init_weights.pth``) for N iterations, each in its own process, with
 validation and checkpoints off and MSDA profiled per iteration. ``ENC/DEC`` picks the
-encoder's and the decoder's implementation separately. With ``--rounds R`` the
-variants run R times, interleaved, and the times pool all rounds. With ``--compile``
+encoder's and the decoder's implementation separately. Every variant is checked to run on
+the device before any training. With ``--rounds R`` the variants run R times, interleaved
+round by round (A B A B), and the times pool all rounds. Each run records its load average,
+CPU and wall time; a speed-up taken on a loaded machine is marked ``loaded`` beside its
+CPU-time speed-up (docs/performance.md, "How to read the figures"). With ``--compile``
 every variant also trains with its forward under ``torch.compile`` (npudet's
 ``TorchCompileHook``), right after its eager run, and the table gains the compiled
 iteration time, its speed-up over eager, its loss deviation from eager and its graph
 breaks (warm-up iterations, which compile, are left out). The work dir gets
-``ablation.md``, ``ablation.csv``, ``loss_curves.png``, ``iter_time_split.png`` and one
-folder per run; the markdown table is also printed.
+``ablation.md``, ``ablation.csv``, ``ablation.json`` (the records the rest is drawn from),
+``loss_curves.png``, ``iter_time_split.png`` and one folder per run; the markdown table is
+also printed.
 """
 
 from __future__ import annotations

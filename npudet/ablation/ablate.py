@@ -4,8 +4,13 @@
 Every variant trains from the same seed and the same initial weights (built once, saved as
 ``init_weights.pth``) for N iterations, each in its own process (:mod:`.worker`); with
 ``compile`` every variant also trains with its forward under ``torch.compile`` right after
-its eager run. The work dir gets ``ablation.md``, ``ablation.csv``, ``loss_curves.png``,
-``iter_time_split.png`` (:mod:`.report`) and one folder per run.
+its eager run. Variants are interleaved round by round (with ``rounds`` > 1: A B A B, not
+A A B B) and every run records its conditions (load average before and after, CPU and wall
+time of its process, threads; npudet.ops.msda.bench.conditions), so a speed-up taken while the
+machine was loaded is marked ``loaded``. The work dir gets ``ablation.md``, ``ablation.csv``,
+``ablation.json`` (every run's record, the machine, the commit: what the table and plots are
+drawn from), ``loss_curves.png``, ``iter_time_split.png`` (:mod:`.report`) and one folder per
+run.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from typing import Dict, List
 
 import torch
@@ -23,7 +29,9 @@ from mmengine.runner import set_random_seed
 from mmengine.utils import import_modules_from_strings
 
 from npudet.engine.cli import fail, run_checks
-from npudet.engine.preflight import check_data
+from npudet.engine.preflight import PreflightError, check_data, check_msda
+from npudet.ops.msda.bench.conditions import LOAD_MARGIN, STARVED_FACTOR, Recorder
+from npudet.ops.msda.bench.provenance import provenance
 from npudet.utils import current_device_type
 from npudet.utils.device import SIMULATED_NPU_NOTE, simulated_npu
 
@@ -47,6 +55,17 @@ def save_initial_weights(cfg: Config, seed: int, path: str) -> None:
     model = MODELS.build(cfg.model)
     model.init_weights()
     torch.save({"state_dict": model.state_dict(), "meta": {"seed": seed}}, path)
+
+
+def check_variants(variants: List[Variant], device: str) -> None:
+    """Every variant's implementations can run on ``device`` (checked before any training: a
+    variant that cannot run would otherwise fail after the ones before it trained);
+    ``PreflightError`` naming the first variant that cannot, and why."""
+    for variant in variants:
+        try:
+            check_msda(Config(dict(model=dict(msda=variant.msda_cfg()))), device)
+        except PreflightError as err:
+            raise PreflightError(f"--impls variant {variant.label!r} cannot run: {err}") from None
 
 
 def run_variant(spec: Dict, threads: int, module: str = "npudet.ablation.worker") -> Dict:
@@ -80,6 +99,7 @@ def ablate(args: argparse.Namespace) -> None:
         variants: List[Variant] = parse_variants(args.impls or default_impls(current_device_type()))
     except ValueError as err:
         fail(str(err))
+    run_checks(lambda: check_variants(variants, current_device_type()))
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
@@ -114,21 +134,38 @@ def ablate(args: argparse.Namespace) -> None:
                     threads=args.threads,
                     compile=compile_options,
                 )
-                runs[mode][variant.label].append(run_variant(spec, args.threads))
+                cpu_bound = current_device_type() == "cpu"
+                with Recorder(args.threads, children=True, cpu_bound=cpu_bound) as conditions:
+                    record = run_variant(spec, args.threads)
+                runs[mode][variant.label].append({**record, "conditions": conditions.record})
 
     parts = {v.label: {"encoder": v.encoder, "decoder": v.decoder} for v in variants}
     warmup = min(args.warmup, args.iters - 1)
     rows = summarise(runs["eager"], parts, warmup, runs.get("compiled"))
     first = runs["eager"][variants[0].label][0]
+    source = provenance()
+    machine = source["machine"]
     header = (
-        f"{name}: {args.iters} iterations x {args.rounds} round(s), {args.threads} threads, "
-        f"device {first['device']}, torch {first['torch']}; times are medians after "
-        f"{warmup} warm-up iterations; speed-up and loss deviation vs {variants[0].label}"
+        f"{name}: {args.iters} iterations x {args.rounds} round(s), variants interleaved round "
+        f"by round, {args.threads} threads, device {first['device']}, torch {first['torch']}; "
+        f"CPU {machine['cpu_model']}, ATen capability {machine['aten_capability']}; commit "
+        f"{source['commit'][:10]}; times are medians after "
+        f"{warmup} warm-up iterations; speed-up and loss deviation vs {variants[0].label}; "
+        f"`loaded`: a run's 1-minute load average above its threads + {LOAD_MARGIN:g}, or its "
+        f"wall time above {STARVED_FACTOR:g}x its CPU time (the ratio is then shown with the "
+        "CPU-time one)"
         + (f"; compiled: torch.compile backend {args.compile}" if args.compile else "")
         + (f"; {SIMULATED_NPU_NOTE}" if first["device"] == "npu" and simulated_npu() else "")
         + "\n\n"
     )
     table = markdown_table(rows)
+    stored = dict(
+        source, config=args.config, iters=args.iters, rounds=args.rounds, warmup=warmup,
+        threads=args.threads, variants=[v.label for v in variants], parts=parts, runs=runs,
+        rows=[asdict(r) for r in rows],
+    )  # fmt: skip
+    with open(os.path.join(work_dir, "ablation.json"), "w") as f:
+        json.dump(stored, f, indent=1)
     with open(os.path.join(work_dir, "ablation.md"), "w") as f:
         f.write(header + table)
     write_csv(rows, os.path.join(work_dir, "ablation.csv"))
@@ -138,6 +175,6 @@ def ablate(args: argparse.Namespace) -> None:
     plot_time_split(rows, os.path.join(work_dir, "iter_time_split.png"), f"{name}: time per iter")
     print(header + table, end="")
     print(
-        f"[ablate] wrote ablation.md, ablation.csv, loss_curves.png, iter_time_split.png to "
-        f"{work_dir}"
+        "[ablate] wrote ablation.md, ablation.csv, ablation.json, loss_curves.png, "
+        f"iter_time_split.png to {work_dir}"
     )

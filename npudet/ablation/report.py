@@ -1,11 +1,23 @@
-"""Ablation records -> a table (markdown, CSV) and two plots (loss curves, time split)."""
+"""Ablation records -> a table (markdown, CSV) and two plots (loss curves, time split).
+
+A speed-up whose runs were loaded (npudet.ops.msda.bench.conditions: the rule) is marked
+``loaded`` in the table and the CSV, shown with its CPU-time ratio, and greyed in the plot.
+"""
 
 from __future__ import annotations
 
 import csv
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from npudet.ops.msda.bench.conditions import (
+    LOADED_STYLE,
+    LOADED_TEXT,
+    loaded_reasons,
+    ratio_cell,
+    ratio_reasons,
+)
 
 COLUMNS = (
     ("variant", "variant"),
@@ -13,6 +25,8 @@ COLUMNS = (
     ("decoder", "decoder"),
     ("iter_ms", "iter ms (median)"),
     ("speedup", "speed-up"),
+    ("iter_cpu_ms", "iter CPU ms"),
+    ("cpu_time_speedup", "CPU-time speed-up"),
     ("msda_fwd_ms", "MSDA fwd ms"),
     ("msda_bwd_ms", "MSDA bwd ms"),
     ("msda_share", "MSDA share %"),
@@ -20,6 +34,7 @@ COLUMNS = (
     ("final_loss", "final loss"),
     ("max_loss_dev", "max abs loss dev."),
     ("max_rel_loss_dev", "max rel. dev."),
+    ("loaded_why", "conditions"),
 )
 # Shown when the variants also ran with the forward compiled (``tools/ablate.py --compile``).
 COMPILED_COLUMNS = (
@@ -46,6 +61,10 @@ class Row:
     final_loss: float
     max_loss_dev: float
     max_rel_loss_dev: float
+    iter_cpu_ms: float = float("nan")
+    cpu_time_speedup: float = float("nan")
+    loaded: bool = False
+    loaded_why: str = ""
     compiled_iter_ms: Optional[float] = None
     compiled_speedup: Optional[float] = None
     compiled_rel_dev: Optional[float] = None
@@ -64,6 +83,30 @@ def _rel_devs(loss: Sequence[float], base: Sequence[float]) -> Tuple[List[float]
 
 def _median_iter_ms(records: List[Dict], warmup: int) -> float:
     return statistics.median(v for rec in records for v in _kept(rec["iter_ms"], warmup))
+
+
+def _median_cpu_ms(records: List[Dict], warmup: int) -> float:
+    """The pooled median CPU ms per iteration; NaN for records without it (stored before)."""
+    values = [v for rec in records for v in _kept(rec.get("iter_cpu_ms") or [], warmup)]
+    return statistics.median(values) if values else float("nan")
+
+
+def run_reasons(records: List[Dict[str, Any]], warmup: int) -> List[str]:
+    """Why a variant's runs were loaded: the load rule on each run's recorded ``conditions``,
+    the starved rule on its median iteration wall and CPU times (where recorded)."""
+    reasons: List[str] = []
+    for rec in records:
+        cond = rec.get("conditions") or {}
+        cpu = _median_cpu_ms([rec], warmup)
+        found = loaded_reasons(
+            int(cond.get("threads", rec.get("threads", 1))),
+            cond.get("load_1m"),
+            _median_iter_ms([rec], warmup),
+            cpu if cpu == cpu else None,
+            bool(cond.get("cpu_bound", rec.get("device", "cpu") == "cpu")),
+        )
+        reasons += [r for r in found if r not in reasons]
+    return reasons
 
 
 def summarise(
@@ -112,6 +155,7 @@ def summarise(
             final_loss=loss[-1],
             max_loss_dev=max(devs),
             max_rel_loss_dev=max(rel),
+            iter_cpu_ms=_median_cpu_ms(records, warmup),
         )
         if compiled is not None:
             done = compiled[label]
@@ -120,8 +164,12 @@ def summarise(
             row.compiled_rel_dev = max(_rel_devs(done[0]["loss"], loss)[1])
             row.graph_breaks = max(rec["graph_breaks"] for rec in done)
         rows.append(row)
-    for row in rows:
+    base_reasons = run_reasons(runs[labels[0]], warmup)
+    for label, row in zip(labels, rows):
         row.speedup = rows[0].iter_ms / row.iter_ms if row.iter_ms > 0 else 0.0
+        row.cpu_time_speedup = rows[0].iter_cpu_ms / row.iter_cpu_ms
+        why = ratio_reasons({labels[0]: base_reasons, label: run_reasons(runs[label], warmup)})
+        row.loaded, row.loaded_why = bool(why), "; ".join(dict.fromkeys(why))
     return rows
 
 
@@ -131,11 +179,13 @@ def _columns(rows: Sequence[Row]) -> Tuple[Tuple[str, str], ...]:
 
 
 def _fmt(key: str, value: object) -> str:
+    if key == "loaded_why":
+        return f"loaded ({value})" if value else "quiet"
     if isinstance(value, (str, int)) and not isinstance(value, bool):
         return str(value)
     if key in ("max_loss_dev", "max_rel_loss_dev", "compiled_rel_dev"):
         return f"{value:.2e}"
-    if key in ("speedup", "compiled_speedup"):
+    if key in ("speedup", "compiled_speedup", "cpu_time_speedup"):
         return f"{value:.2f}x"
     if key == "final_loss":
         return f"{value:.4f}"
@@ -151,14 +201,20 @@ def markdown_table(rows: Sequence[Row]) -> str:
     ]
     for row in rows:
         values = asdict(row)
-        lines.append("| " + " | ".join(_fmt(k, values[k]) for k, _ in columns) + " |")
+        cells = [
+            ratio_cell(row.speedup, row.cpu_time_speedup, row.loaded)
+            if k == "speedup"
+            else _fmt(k, values[k])
+            for k, _ in columns
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_csv(rows: Sequence[Row], path: str) -> None:
     """The rows as CSV with the field names of :class:`Row` as header."""
     with open(path, "w", newline="") as f:
-        fields = [k for k, _ in _columns(rows)]
+        fields = [k for k, _ in _columns(rows)] + ["loaded"]
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for row in rows:
@@ -188,26 +244,49 @@ def plot_loss_curves(runs: Dict[str, List[Dict]], path: str, title: str) -> None
     plt.close(fig)
 
 
-def plot_time_split(rows: Sequence[Row], path: str, title: str) -> None:
-    """Median iteration time per variant as stacked bars: MSDA fwd, MSDA bwd, the rest."""
+def time_split_figure(rows: Sequence[Row], title: str) -> Any:
+    """Median iteration time per variant as stacked bars (MSDA fwd, MSDA bwd, the rest), each
+    labelled with its time and speed-up; a loaded variant's bars grey and hatched, its label
+    grey with the CPU-time speed-up beside the wall-time one. Returns the matplotlib Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = [row.variant for row in rows]
-    fwd = [row.msda_fwd_ms for row in rows]
-    bwd = [row.msda_bwd_ms for row in rows]
-    rest = [max(row.iter_ms - f - b, 0.0) for row, f, b in zip(rows, fwd, bwd)]
+    parts = {
+        "MSDA forward": ([row.msda_fwd_ms for row in rows], "#d62728"),
+        "MSDA backward": ([row.msda_bwd_ms for row in rows], "#ff9896"),
+        "rest": ([max(r.iter_ms - r.msda_fwd_ms - r.msda_bwd_ms, 0.0) for r in rows], "#7f7f7f"),
+    }
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.bar(labels, fwd, label="MSDA forward", color="#d62728")
-    ax.bar(labels, bwd, bottom=fwd, label="MSDA backward", color="#ff9896")
-    ax.bar(labels, rest, bottom=[f + b for f, b in zip(fwd, bwd)], label="rest", color="#7f7f7f")
+    bottom = [0.0] * len(rows)
+    for name, (values, colour) in parts.items():
+        bars = ax.bar(labels, values, bottom=bottom, label=name, color=colour)
+        for bar, row in zip(bars, rows):
+            if row.loaded:
+                bar.set(**LOADED_STYLE)
+        bottom = [b + v for b, v in zip(bottom, values)]
     for i, row in enumerate(rows):
-        ax.text(i, row.iter_ms, f"{row.iter_ms:.0f} ms", ha="center", va="bottom", fontsize=9)
+        text = f"{row.iter_ms:.0f} ms\n{row.speedup:.2f}x"
+        if row.loaded:
+            text = f"{row.iter_ms:.0f} ms, loaded\n(wall {row.speedup:.2f}x)\nCPU-time "
+            text += f"{row.cpu_time_speedup:.2f}x"
+        colour = LOADED_TEXT if row.loaded else "black"
+        ax.text(i, row.iter_ms, text, ha="center", va="bottom", fontsize=8, color=colour)
     ax.set_ylabel("ms per training iteration (median)")
-    ax.set_title(title)
+    ax.set_ylim(0, max(bottom + [1.0]) * 1.35)
+    grey = "\ngrey: loaded (the CPU-time speed-up beside)" if any(r.loaded for r in rows) else ""
+    ax.set_title(title + grey)
     ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot_time_split(rows: Sequence[Row], path: str, title: str) -> None:
+    """:func:`time_split_figure`, saved to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = time_split_figure(rows, title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
