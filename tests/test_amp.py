@@ -106,7 +106,10 @@ def _bf16_close_to_fp32(data_root, impl, iters, window=1, flips=0):
     assert len(off) <= flips, f"{impl}: more than {flips} windows over 2%: {off}"
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+# ~25 s each: the default run keeps the baseline and the fused kernel, gather runs with -m slow.
+@pytest.mark.parametrize(
+    "impl", [pytest.param(i, marks=pytest.mark.slow) if i == "gather" else i for i in IMPLS]
+)
 def test_bf16_training_close_to_fp32_3_iters(tiny_shapes, impl):
     _bf16_close_to_fp32(tiny_shapes, impl, 3, flips=1)
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from plugin_util import ROOT
 
 CONFIG = os.path.join(ROOT, "configs", "bev", "bev-small_r18_synthetic.py")
 
 
+@pytest.mark.slow  # about 65 s; the default run steps the BEV detector (test_npu_sim_train, ...)
 def test_small_bev_config_loss_falls_in_40_iterations(tmp_path) -> None:
     from bev_util import tiny_bev_set
 

@@ -17,6 +17,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from npudet.ops.msda.backends import cpu_isa
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +63,7 @@ def test_sdist_and_wheel_carry_the_kernel_sources(tmp_path):
     assert [n for n in names if n.endswith("msda_cpu.cpp")] == [KERNEL]
 
 
+@pytest.mark.slow  # about 65 s, most of it the kernel's compile into an empty cache
 def test_installed_wheel_builds_and_runs_the_cpu_kernel(tmp_path):
     src = _copy_checkout(tmp_path / "src")
     _pip("wheel", str(src), "-w", str(tmp_path / "dist"), cwd=tmp_path)
