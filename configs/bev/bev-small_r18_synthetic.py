@@ -172,7 +172,11 @@ param_scheduler = [
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=1))
+    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=1),
+    # `tools/test.py CONFIG CKPT --show-dir DIR`: per sample the BEV plane and the 6 cameras
+    visualization=dict(type='BEVVisualizationHook'))
+# mmdet's visualizer draws 2D images; this one the BEV plane (metres) and the cameras
+visualizer = dict(type='BEVLocalVisualizer', bev_range=pc_range[3], grid_step=5.0)
 log_processor = dict(window_size=20)
 randomness = dict(seed=0)
 env_cfg = dict(dist_cfg=dict(backend='gloo'))
