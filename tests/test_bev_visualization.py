@@ -133,6 +133,21 @@ def test_hook_writes_the_bev_and_camera_pictures_of_each_sample(tmp_path) -> Non
     assert mmcv.imread(str(out / "000007_bev.png")).shape[:2] == (200, 200)
 
 
+def test_without_an_out_file_the_vis_backends_get_both_pictures(tmp_path) -> None:
+    """As TensorBoard would: mmengine's LocalVisBackend records NAME_bev and NAME_cameras."""
+    vis = VISUALIZERS.build(
+        dict(
+            type="BEVLocalVisualizer",
+            name="bev_vis_backends",
+            vis_backends=[dict(type="LocalVisBackend")],
+            save_dir=str(tmp_path),
+        )
+    )
+    vis.add_datasample("val_bev", np.zeros((6, H, W, 3), np.uint8), _sample(), step=3)
+    saved = sorted(os.listdir(tmp_path / "vis_data" / "vis_image"))
+    assert saved == ["val_bev_bev_3.png", "val_bev_cameras_3.png"], saved
+
+
 def test_bad_input_names_the_argument() -> None:
     vis = _visualizer("bev_vis_bad_input")
     with pytest.raises(ValueError, match="images"):

@@ -128,3 +128,5 @@ param_scheduler = [
         begin=0,
         end=max_epochs)
 ]
+# --show-dir pictures (the base config's BEVVisualizationHook) over this config's +-51.2 m
+visualizer = dict(bev_range=pc_range[3], grid_step=10.0)

@@ -34,6 +34,8 @@ NUSCENES_LAYOUT: Tuple[Tuple[str, ...], ...] = (
     ("CAM_FRONT_LEFT", "CAM_FRONT", "CAM_FRONT_RIGHT"),
     ("CAM_BACK_LEFT", "CAM_BACK", "CAM_BACK_RIGHT"),
 )
+# a white backing that keeps legend text readable over grid lines and boxes
+LABEL_BOX = dict(facecolor="white", alpha=0.8, pad=1, edgecolor="none")
 EGO_LW = (4.5, 1.9)  # length, width (m) of the ego vehicle drawn at the centre
 
 
@@ -124,6 +126,7 @@ class BEVLocalVisualizer(Visualizer):
             font_sizes=font,
             vertical_alignments="top",
             horizontal_alignments="right",
+            bboxes=LABEL_BOX,
         )
 
     def _draw_ego(self) -> None:
@@ -180,7 +183,7 @@ class BEVLocalVisualizer(Visualizer):
         font = max(8, self.bev_size // 50)
         step = 1.4 * font
         positions = np.stack([np.full(len(texts), 4.0), 4.0 + step * np.arange(len(texts))], 1)
-        self.draw_texts(texts, positions, colors=colors, font_sizes=font)
+        self.draw_texts(texts, positions, colors=colors, font_sizes=font, bboxes=LABEL_BOX)
 
     def draw_bev(
         self,
