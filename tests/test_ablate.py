@@ -205,11 +205,11 @@ def test_time_split_plot_greys_a_loaded_variant():
     (ax,) = fig.axes
     colours = [to_hex(bar.get_facecolor()) for bar in ax.patches]
     # three stacked parts per variant, in variant order within each part
-    assert colours[1::2] == [conditions.LOADED_STYLE["color"]] * 3
+    assert colours[1::2] == [conditions.LOADED_STYLE["facecolor"]] * 3
     assert "#bdbdbd" not in colours[0::2]
     texts = {t.get_text(): to_hex(t.get_color()) for t in ax.texts}
     assert texts["100 ms\n1.00x"] == "#000000"
-    assert texts["50 ms, loaded\n(wall 2.00x)\nCPU-time 6.00x"] == conditions.LOADED_TEXT
+    assert texts["50 ms\n(wall 2.00x: loaded)\nCPU-time 6.00x"] == conditions.LOADED_TEXT
 
 
 def test_parse_variants_per_layer():

@@ -6,7 +6,9 @@ peak memory and the machine; ``stock`` must really be mmdet's detector on mmcv's
 with no npudet model code loaded, the others npudet's; and the losses of every npudet run
 must equal stock's within the stated float32 tolerance at every iteration (same weights,
 same batch, same random state). The op was timed in every run (stock's through mmcv's
-sampling function), and the phases add up to the iteration.
+sampling function), and the phases add up to the iteration. That run is slow; the default
+run checks, on stand-in runs, the interleaved order of the rounds, the conditions recorded
+and the ``loaded`` marking (JSON, table, plot) on an injected load.
 """
 
 from __future__ import annotations
@@ -17,23 +19,35 @@ import os
 import re
 
 import pytest
+from matplotlib.colors import to_hex
 from plugin_util import ROOT, run_tool
 
 from npudet.ablation.iteration_bench import (
     LOSS_RTOLS,
+    bench_iteration,
     goals,
     loss_bounds,
+    run_order,
     summarise,
 )
-from npudet.ablation.iteration_report import matching_lines, term_deviations, term_lines
+from npudet.ablation.iteration_report import (
+    matching_lines,
+    term_deviations,
+    term_lines,
+    time_split_figure,
+)
 from npudet.ablation.roundoff_control import parse_run_name
 from npudet.ablation.time_split import PHASES
+from npudet.ops.msda.bench import conditions
 
 CONFIG = os.path.join(ROOT, "configs", "small", "dino-4scale_r18-tiny_shapes.py")
 IMPLS = ("stock", "grid_sample", "cpu")
 ITERS = 2
 
 
+# 58 s on 2 cores: three real trainings (test_bench_iteration_rounds_interleave_and_mark_loaded
+# keeps the order and the marking in the default run).
+@pytest.mark.slow
 def test_bench_iteration_small_dino(tmp_path) -> None:
     out = tmp_path / "bench.json"
     proc = run_tool(
@@ -63,6 +77,12 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
     assert {run["commit"] for run in result["runs"].values()} == {result["commit"]}
     assert os.path.isfile(str(out).replace(".json", ".md"))
     assert os.path.isfile(str(out).replace(".json", "_split.png"))
+    assert result["rounds"] == 1 and "loaded" in result["loaded_rule"]
+    for name, run in result["runs"].items():
+        cond = run["conditions"]
+        assert len(cond["load_1m"]) == 2 and cond["cpu_s"] > 0 and cond["wall_s"] > 0
+        assert cond["threads"] == 2
+        assert isinstance(result["summary"][name]["loaded"], bool)
 
     stock = result["runs"]["stock"]
     assert stock["detector"] == "mmdet.models.detectors.dino.DINO"
@@ -100,6 +120,70 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
             for got, ref, rtol in zip(run["loss"], stock["loss"], LOSS_RTOLS):
                 assert abs(got - ref) <= rtol * abs(ref), (impl, run["loss"], stock["loss"])
         assert result["summary"][impl]["losses_agree"]
+
+
+def test_run_order_interleaves_rounds_reference_first() -> None:
+    assert run_order(["cpu", "stock", "gather"], "stock", 2) == [
+        (0, "stock"), (0, "cpu"), (0, "gather"), (1, "stock"), (1, "cpu"), (1, "gather")
+    ]  # fmt: skip
+
+
+def test_bench_iteration_rounds_interleave_and_mark_loaded(tmp_path, monkeypatch) -> None:
+    """Two rounds of stock and cpu on stand-in runs: they run stock, cpu, stock, cpu; every
+    round records its conditions; cpu's second round meets a load of 4.2 on 2 threads, so
+    its speed-up is marked loaded in the JSON, the table (with the CPU-time speed-up) and the
+    plot (greyed); the timings pool both rounds."""
+    calls = []
+    loads = iter([0.5, 0.6, 0.5, 0.6, 0.5, 0.6, 4.0, 4.2])
+    monkeypatch.setattr(conditions, "load_1m", lambda: next(loads))
+
+    def fake_run(spec, threads, module):
+        calls.append((spec["impl"], os.path.basename(spec["work_dir"])))
+        wall = 100.0 if spec["impl"] == "stock" else 50.0
+        record = _run([3.0, 2.0])
+        record.update(iter_ms=[999.0, wall], iter_cpu_ms=[999.0, 1.5 * wall])
+        return record
+
+    out = tmp_path / "bench.json"
+    result = bench_iteration(
+        os.path.join(ROOT, "configs", "small", "dino-4scale_r18-tiny_shapes.py"),
+        ["stock", "cpu"], 2, 1, str(tmp_path / "work"), size=(64, 64), json_out=str(out),
+        rounds=2, run_variant_fn=fake_run,
+    )  # fmt: skip
+    assert calls == [("stock", "round0"), ("cpu", "round0"), ("stock", "round1"), ("cpu", "round1")]
+    stored = json.loads(out.read_text())
+    assert stored == json.loads(json.dumps(result)) and stored["rounds"] == 2
+    cpu = stored["summary"]["cpu"]
+    assert cpu["rounds"] == 2 and cpu["speedup"] == pytest.approx(2.0)
+    assert cpu["loaded"] and not stored["summary"]["stock"]["loaded"] and cpu["run_loaded"]
+    assert cpu["loaded_why"] == "cpu: load 4.2 > 2 threads + 0.5"
+    assert stored["runs"]["cpu"]["rounds"][0]["conditions"]["load_1m"] == [4.0, 4.2]
+    assert stored["runs"]["stock"]["conditions"]["threads"] == 2
+    table = (tmp_path / "bench.md").read_text()
+    assert "| (2.00x) loaded, CPU-time 2.00x |" in table
+    assert "load 0.5-0.6, load 4.0-4.2; loaded (cpu: load 4.2 > 2 threads + 0.5) |" in table
+    assert (tmp_path / "bench_split.png").read_bytes()[:4] == b"\x89PNG"
+    (ax,) = [a for a in time_split_figure(stored, "t").axes]
+    texts = {t.get_text(): to_hex(t.get_color()) for t in ax.texts}
+    assert texts["0.1 s\n1.00x"] == "#000000"
+    assert texts["0.1 s\n(wall 2.00x: loaded)\nCPU-time 2.00x"] == conditions.LOADED_TEXT
+    colours = [to_hex(bar.get_facecolor()) for bar in ax.patches]
+    assert colours[1::2] == [conditions.LOADED_STYLE["facecolor"]] * len(PHASES)
+    assert conditions.LOADED_STYLE["facecolor"] not in colours[0::2]
+
+
+def test_stored_runs_without_load_are_judged_by_wall_over_cpu_time() -> None:
+    """A stored run whose wall time is 2.9x its CPU time (stock's in the stored real-size
+    Deformable DETR table) makes every ratio against it loaded; a run at 1.05x is quiet."""
+    runs = {"stock": _run([3.0, 2.0]), "cpu": _run([3.0, 2.0])}
+    runs["stock"].update(iter_ms=[1.0, 205.2], iter_cpu_ms=[1.0, 71.1])
+    runs["cpu"].update(iter_ms=[1.0, 38.0], iter_cpu_ms=[1.0, 36.3])
+    summary = summarise(runs, "stock", warmup=1)
+    assert summary["stock"]["run_loaded"] and not summary["cpu"]["run_loaded"]
+    assert summary["cpu"]["loaded"] and summary["cpu"]["loaded_why"] == (
+        "stock: wall 2.9x CPU time"
+    )
+    assert summary["cpu"]["cpu_time_speedup"] == pytest.approx(71.1 / 36.3)
 
 
 def _run(losses):

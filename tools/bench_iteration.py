@@ -3,11 +3,15 @@ each npudet MSDA implementation, side by side; write JSON, a markdown table and 
 
     nice -n 5 .venv/bin/python tools/bench_iteration.py \\
         configs/dino/dino-4scale_r50_8xb2-12e_coco.py --impls stock,grid_sample,gather,cpu \\
-        --size 1333x800 --iters 4 --warmup 1 --json results/realsize/dino.json
+        --size 1333x800 --iters 3 --warmup 1 --rounds 2 --json results/realsize/dino.json
 
 Every run starts from the same weights, seed and batch, each in its own process (its own
 peak memory); ``stock`` is mmdet's own config and classes with mmcv's MSDA, no npudet
-layer (npudet.ablation.iteration_bench says how the runs are made comparable).
+layer (npudet.ablation.iteration_bench says how the runs are made comparable). With
+``--rounds R`` the runs are interleaved round by round (stock, cpu, stock, cpu, ...); every
+run records its load average, CPU and wall time, and a speed-up taken on a loaded machine is
+marked ``loaded`` (JSON, table, plot) beside its CPU-time speed-up. One command writes the
+JSON, the table (.md) and the plot (_split.png).
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ def main() -> None:
     )
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1, help="iterations left out of medians")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="times each run is repeated, interleaved round by round (timings pool the rounds)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", default=None)
@@ -73,6 +83,7 @@ def main() -> None:
             threads=args.threads,
             json_out=args.json,
             keep_runs=args.keep_runs,
+            rounds=args.rounds,
         )
     except ValueError as err:
         fail(str(err))

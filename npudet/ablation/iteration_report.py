@@ -1,11 +1,21 @@
 """The iteration benchmark's result (:mod:`.iteration_bench`) as a markdown table and a
-stacked bar plot of each run's time split."""
+stacked bar plot of each run's time split. A speed-up taken while either of its runs was
+loaded (npudet.ops.msda.bench.conditions: the rule) is never shown bare: the table marks it
+``loaded`` with its CPU-time speed-up, the plot greys it (and the loaded run's bars) and puts
+the CPU-time speed-up beside it."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Dict, List, Tuple
 
+from npudet.ops.msda.bench.conditions import (
+    LOADED_STYLE,
+    LOADED_TEXT,
+    RULE,
+    legend_handles,
+    ratio_cell,
+)
 from npudet.utils.json_io import write_json_atomic
 
 from .matching import TIE_RTOL
@@ -60,10 +70,17 @@ def header(result: Dict[str, Any]) -> str:
         if run_commits
         else ""
     )
+    rounds = result.get("rounds", 1)
+    interleaved = (
+        f"{rounds} rounds, the runs interleaved round by round, medians over the {timed} "
+        "after each round's warm-up"
+        if rounds > 1
+        else f"medians over the {timed} after it"
+    )
     return (
         f"`{result['config']}`, input {result['input']}, batch {result['batch_size']}, "
-        f"{result['iters']} iterations ({result['warmup']} warm-up, medians over the "
-        f"{timed} after it), seed {result['seed']}. CPU: {m['cpu_model']} "
+        f"{result['iters']} iterations ({result['warmup']} warm-up, {interleaved}), "
+        f"seed {result['seed']}. CPU: {m['cpu_model']} "
         f"({', '.join(m['cpu_features'])}), ATen capability {m['aten_capability']}, "
         f"{m['threads']} threads; torch {v['torch']}, mmdet {v['mmdet']}, mmcv {v['mmcv']}; "
         f"commit {result['commit'][:10]}. Times are wall clock but `iter CPU s` (the "
@@ -72,7 +89,9 @@ def header(result: Dict[str, Any]) -> str:
         f"losses agree when iteration k's relative deviation is <= "
         f"{', '.join(f'{t:g}' for t in bounds)} for k = 0, 1, ...{widened} (later "
         f"iterations are reported, not judged: npudet.ablation.iteration_bench.LOSS_RTOLS "
-        f"says why)."
+        f"says why). {RULE[0].upper() + RULE[1:]} (npudet.ops.msda.bench.conditions; runs "
+        f"stored without their load are judged by the wall / CPU rule alone): a loaded "
+        f"speed-up is shown in parentheses with its CPU-time speed-up beside it."
         + (
             " Hungarian near ties are broken the reference's way (listed below the table)."
             if any("matching_ties" in r for r in result["runs"].values())
@@ -97,6 +116,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
         "losses",
         "rel. loss dev. per iteration",
         "agree",
+        "conditions",
     ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for impl, s in result["summary"].items():
@@ -104,7 +124,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
         cells: List[str] = [
             f"`{impl}`",
             f"{s['iter_ms'] / 1e3:.1f}",
-            f"{s['speedup']:.2f}x",
+            ratio_cell(s["speedup"], s["cpu_time_speedup"], s.get("loaded", False)),
             f"{s['iter_cpu_ms'] / 1e3:.1f}",
             f"{s['cpu_time_speedup']:.2f}x",
             *(f"{s['phases_ms'][p] / 1e3:.2f}" for p in PHASES),
@@ -113,9 +133,19 @@ def markdown_table(result: Dict[str, Any]) -> str:
             losses,
             " ".join(f"{d:.0e}" for d in s["loss_rel_dev"]),
             "control" if s.get("control") else "yes" if s["losses_agree"] else "**no**",
+            conditions_cell(result["runs"][impl], s),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def conditions_cell(run: Dict[str, Any], summary: Dict[str, Any]) -> str:
+    """The recorded load of a run's rounds (``load 0.3-0.4``; ``load not recorded``), and
+    ``loaded (why)`` or ``quiet``."""
+    loads = [r["conditions"]["load_1m"] for r in [run, *run.get("rounds", [])] if "conditions" in r]
+    load = ", ".join("load " + "-".join(f"{v:.1f}" for v in pair) for pair in loads)
+    verdict = f"loaded ({summary['loaded_why']})" if summary.get("loaded") else "quiet"
+    return f"{load or 'load not recorded'}; {verdict}"
 
 
 def term_deviations(
@@ -186,35 +216,55 @@ def matching_lines(result: Dict[str, Any]) -> str:
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
-def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
-    """Median iteration time per run as bars stacked by phase."""
+def time_split_figure(result: Dict[str, Any], title: str) -> Any:
+    """Median iteration time per run as bars stacked by phase, labelled with the time and the
+    speed-up; a loaded run's bars grey and hatched, a loaded speed-up's label grey with the
+    CPU-time speed-up beside it. Returns the matplotlib Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     impls = list(result["summary"])
+    summary = result["summary"]
     fig, ax = plt.subplots(figsize=(1.6 * len(impls) + 4, 4.5))
     bottom = [0.0] * len(impls)
     for phase in PHASES:
-        values = [max(result["summary"][i]["phases_ms"][phase], 0.0) / 1e3 for i in impls]
-        ax.bar(impls, values, bottom=bottom, label=PHASE_LABELS[phase], color=PHASE_COLOURS[phase])
+        values = [max(summary[i]["phases_ms"][phase], 0.0) / 1e3 for i in impls]
+        bars = ax.bar(
+            impls, values, bottom=bottom, label=PHASE_LABELS[phase], color=PHASE_COLOURS[phase]
+        )
+        for bar, impl in zip(bars, impls):
+            if summary[impl].get("run_loaded"):
+                bar.set(**LOADED_STYLE)
         bottom = [b + v for b, v in zip(bottom, values)]
     for x, impl in enumerate(impls):
-        s = result["summary"][impl]
-        ax.text(
-            x,
-            bottom[x],
-            f"{s['iter_ms'] / 1e3:.1f} s\n{s['speedup']:.2f}x",
-            ha="center",
-            va="bottom",
-            fontsize=8,
-        )
+        s = summary[impl]
+        text = f"{s['iter_ms'] / 1e3:.1f} s\n{s['speedup']:.2f}x"
+        if s.get("loaded"):
+            text = (
+                f"{s['iter_ms'] / 1e3:.1f} s\n(wall {s['speedup']:.2f}x: loaded)\n"
+                f"CPU-time {s['cpu_time_speedup']:.2f}x"
+            )
+        colour = LOADED_TEXT if s.get("loaded") else "black"
+        ax.text(x, bottom[x], text, ha="center", va="bottom", fontsize=8, color=colour)
     ax.set_ylabel("s per training iteration (median)")
-    ax.set_ylim(0, max(bottom) * 1.2)
+    ax.set_ylim(0, max(bottom + [1e-3]) * 1.3)
+    if any(s.get("loaded") for s in summary.values()):
+        title += "\ngrey: loaded runs and ratios (CPU-time speed-up beside)"
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    colours = {PHASE_LABELS[p]: PHASE_COLOURS[p] for p in PHASES}
+    handles = legend_handles(colours, any(s.get("run_loaded") for s in summary.values()))
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
+    return fig
+
+
+def plot_time_split(result: Dict[str, Any], path: str, title: str) -> None:
+    """:func:`time_split_figure`, saved to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = time_split_figure(result, title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from npudet.ops.msda.bench.conditions import (
     LOADED_STYLE,
     LOADED_TEXT,
+    legend_handles,
     loaded_reasons,
     ratio_cell,
     ratio_reasons,
@@ -47,7 +48,8 @@ COMPILED_COLUMNS = (
 
 @dataclass
 class Row:
-    """One variant's figures; times are medians over the iterations after warm-up."""
+    """One variant's figures; times are medians over the iterations after warm-up.
+    ``loaded`` / ``loaded_why``: its speed-up's (either run loaded); ``run_loaded``: its own."""
 
     variant: str
     encoder: str
@@ -65,6 +67,7 @@ class Row:
     cpu_time_speedup: float = float("nan")
     loaded: bool = False
     loaded_why: str = ""
+    run_loaded: bool = False
     compiled_iter_ms: Optional[float] = None
     compiled_speedup: Optional[float] = None
     compiled_rel_dev: Optional[float] = None
@@ -168,8 +171,10 @@ def summarise(
     for label, row in zip(labels, rows):
         row.speedup = rows[0].iter_ms / row.iter_ms if row.iter_ms > 0 else 0.0
         row.cpu_time_speedup = rows[0].iter_cpu_ms / row.iter_cpu_ms
-        why = ratio_reasons({labels[0]: base_reasons, label: run_reasons(runs[label], warmup)})
+        own = run_reasons(runs[label], warmup)
+        why = ratio_reasons({labels[0]: base_reasons, label: own})
         row.loaded, row.loaded_why = bool(why), "; ".join(dict.fromkeys(why))
+        row.run_loaded = bool(own)
     return rows
 
 
@@ -246,8 +251,9 @@ def plot_loss_curves(runs: Dict[str, List[Dict]], path: str, title: str) -> None
 
 def time_split_figure(rows: Sequence[Row], title: str) -> Any:
     """Median iteration time per variant as stacked bars (MSDA fwd, MSDA bwd, the rest), each
-    labelled with its time and speed-up; a loaded variant's bars grey and hatched, its label
-    grey with the CPU-time speed-up beside the wall-time one. Returns the matplotlib Figure."""
+    labelled with its time and speed-up; a loaded run's bars grey and hatched, a loaded
+    speed-up's label grey with the CPU-time speed-up beside the wall-time one. Returns the
+    matplotlib Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,13 +270,13 @@ def time_split_figure(rows: Sequence[Row], title: str) -> Any:
     for name, (values, colour) in parts.items():
         bars = ax.bar(labels, values, bottom=bottom, label=name, color=colour)
         for bar, row in zip(bars, rows):
-            if row.loaded:
+            if row.run_loaded:
                 bar.set(**LOADED_STYLE)
         bottom = [b + v for b, v in zip(bottom, values)]
     for i, row in enumerate(rows):
         text = f"{row.iter_ms:.0f} ms\n{row.speedup:.2f}x"
         if row.loaded:
-            text = f"{row.iter_ms:.0f} ms, loaded\n(wall {row.speedup:.2f}x)\nCPU-time "
+            text = f"{row.iter_ms:.0f} ms\n(wall {row.speedup:.2f}x: loaded)\nCPU-time "
             text += f"{row.cpu_time_speedup:.2f}x"
         colour = LOADED_TEXT if row.loaded else "black"
         ax.text(i, row.iter_ms, text, ha="center", va="bottom", fontsize=8, color=colour)
@@ -278,7 +284,8 @@ def time_split_figure(rows: Sequence[Row], title: str) -> Any:
     ax.set_ylim(0, max(bottom + [1.0]) * 1.35)
     grey = "\ngrey: loaded (the CPU-time speed-up beside)" if any(r.loaded for r in rows) else ""
     ax.set_title(title + grey)
-    ax.legend()
+    colours = {name: colour for name, (_, colour) in parts.items()}
+    ax.legend(handles=legend_handles(colours, any(r.run_loaded for r in rows)), fontsize=8)
     fig.tight_layout()
     return fig
 

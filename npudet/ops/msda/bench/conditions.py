@@ -27,6 +27,12 @@ from typing import Dict, List, Optional, Sequence
 
 LOAD_MARGIN = 0.5
 STARVED_FACTOR = 1.3
+# The rule in words, for the headers of tables and JSON files.
+RULE = (
+    f"loaded: the 1-minute load average before or after a run above its threads + "
+    f"{LOAD_MARGIN:g}, or its wall time above {STARVED_FACTOR:g}x its CPU time; a ratio is "
+    "loaded when either of its runs is"
+)
 
 
 def load_1m() -> float:
@@ -126,5 +132,16 @@ def ratio_cell(wall_x: float, cpu_x: Optional[float], loaded: bool, fmt: str = "
 
 
 # How a loaded row is drawn in every plot: grey, hatched, its label grey.
-LOADED_STYLE = {"color": "#bdbdbd", "hatch": "//", "edgecolor": "#7f7f7f"}
+LOADED_STYLE = {"facecolor": "#bdbdbd", "hatch": "//", "edgecolor": "#7f7f7f"}
 LOADED_TEXT = "#7f7f7f"
+
+
+def legend_handles(colours: Dict[str, str], any_loaded: bool) -> List[object]:
+    """Legend patches of a plot's series (label -> colour), and of a loaded run where the
+    plot has one (its bars take the loaded style, so the bars cannot stand for the series)."""
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colour, label=label) for label, colour in colours.items()]
+    if any_loaded:
+        handles.append(Patch(label="loaded run", **LOADED_STYLE))
+    return handles
