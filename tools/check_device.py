@@ -28,8 +28,12 @@ from pathlib import Path
 from typing import List, Optional
 
 from npudet.ops.msda.bench import device_check
+from npudet.ops.msda.bench.cases import parse_case
+from npudet.ops.msda.checks import records
+from npudet.ops.msda.registry import registered_impls
 from npudet.utils.device import current_device_type
 from npudet.utils.environment import device_problem
+from npudet.utils.output_path import output_path_error
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -63,11 +67,27 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
         args.isolate = args.device != "cpu"
     default = device_check.FAST_CASES if args.fast else device_check.FULL_CASES
     args.cases = args.cases.split(",") if args.cases else default
+    for spec in args.cases:
+        try:
+            parse_case(spec)
+        except ValueError as err:
+            parser.error(str(err))
     if args.repeat is None:
         args.repeat = 1 if args.fast else 10
     if args.repeat < 1:
         parser.error("--repeat: expected a positive integer")
     args.impls = args.impls.split(",") if args.impls else None
+    unknown = [name for name in args.impls or [] if name not in registered_impls()]
+    if unknown:
+        parser.error(
+            f"--impls: unknown MSDA implementation {unknown[0]!r}; known: {registered_impls()}"
+        )
+    if not args.child:  # the files written at the end: checked before the minutes of work
+        outputs = {"--json": args.json, "--save": records.records_path() if args.save else None}
+        for key, path in outputs.items():
+            problem = output_path_error(path, key) if path is not None else None
+            if problem:
+                parser.error(problem)
     return args
 
 

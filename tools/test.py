@@ -31,6 +31,7 @@ from npudet.engine.preflight import (
     check_data,
     check_msda,
     check_output_file,
+    check_work_dir,
 )
 
 
@@ -72,6 +73,7 @@ def main() -> None:
 
     run_checks(
         lambda: check_output_file(args.out, "--out") if args.out else None,
+        lambda: check_work_dir(cfg.work_dir),
         lambda: check_msda(cfg),
         lambda: check_data(cfg, ["test"], check_images=not args.skip_image_check),
         lambda: check_checkpoint(cfg, args.checkpoint, "checkpoint", strict=True),

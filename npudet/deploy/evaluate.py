@@ -21,6 +21,8 @@ import torch
 from mmengine.config import Config, DictAction
 
 from npudet.engine.cli import fail
+from npudet.engine.preflight import PreflightError, check_data
+from npudet.utils.output_path import output_path_error
 
 from .onnx_nodes import FLAVOURS
 from .ort_custom_ops import ort_library, ort_session
@@ -29,13 +31,35 @@ from .ort_custom_ops import ort_library, ort_session
 ORT_LIBRARY_DOMAINS = ("npudet", "mmdeploy")
 
 
-def onnx_session(path: str | Path, threads: Optional[int] = None):
-    """An ONNX Runtime CPU session on ``path``, with npudet's custom-op library registered
-    when the graph holds a fused MSDA node it runs. ``threads``: intra-op threads (default:
-    ONNX Runtime's). ValueError naming the node for a flavour only its engine runs."""
+def read_onnx(path: str | Path):
+    """The ONNX model at ``path`` (external data not loaded): a detector graph with an
+    ``images`` input, as ``tools/export.py`` writes. ValueError naming ``model`` for a file of
+    another kind (it failed in ONNX Runtime's parser: "DecodeError: Wire format was corrupt")."""
     import onnx
 
-    domains = {node.domain for node in onnx.load(str(path), load_external_data=False).graph.node}
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as err:  # noqa: BLE001 - protobuf's DecodeError, ParseError, ...
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(
+            f"model: {path} is not an ONNX model ({reason}); expected the .onnx written by "
+            "tools/export.py"
+        ) from None
+    inputs = [i.name for i in model.graph.input]
+    if "images" not in inputs:
+        raise ValueError(
+            f"model: {path} takes inputs {inputs}; expected a detector graph with an 'images' "
+            "input (tools/export.py of a Deformable DETR / DINO)"
+        )
+    return model
+
+
+def onnx_session(path: str | Path, threads: Optional[int] = None):
+    """An ONNX Runtime CPU session on ``path`` (``read_onnx``), with npudet's custom-op
+    library registered when the graph holds a fused MSDA node it runs. ``threads``: intra-op
+    threads (default: ONNX Runtime's). ValueError naming the node for a flavour only its
+    engine runs."""
+    domains = {node.domain for node in read_onnx(path).graph.node}
     engine_only = sorted(d for d in domains & set(FLAVOURS) if d not in ORT_LIBRARY_DOMAINS)
     if engine_only:
         flavour = FLAVOURS[engine_only[0]]
@@ -84,18 +108,14 @@ def preprocessed(cfg: Config, loader) -> Iterator[Tuple[dict, dict]]:
 
 
 def evaluate_onnx(
-    config: str,
-    model: str | Path,
-    cfg_options: Optional[dict] = None,
-    threads: Optional[int] = None,
+    cfg: Config, model: str | Path, threads: Optional[int] = None
 ) -> Dict[str, float]:
-    """The config's test evaluator's metrics (e.g. ``coco/bbox_mAP``) for the ONNX graph
-    ``model`` on the config's test split, one image at a time (the graph assumes no padding
-    within a batch). ``cfg_options`` are merged into the config first (e.g. the data root)."""
+    """The test evaluator's metrics of ``cfg`` (``load_config``'s, e.g. ``coco/bbox_mAP``)
+    for the ONNX graph ``model`` on the config's test split, one image at a time (the graph
+    assumes no padding within a batch)."""
     from mmengine.evaluator import Evaluator
     from mmengine.structures import InstanceData
 
-    cfg = load_config(config, cfg_options)
     loader = split_loader(cfg)
     evaluator = Evaluator(cfg.test_evaluator)
     evaluator.dataset_meta = loader.dataset.metainfo
@@ -112,6 +132,27 @@ def evaluate_onnx(
     return evaluator.evaluate(len(loader.dataset))
 
 
+def checked_inputs(args: argparse.Namespace) -> Config:
+    """The config of ``tools/eval_export.py``'s arguments, once every input is checked: the
+    files exist, the model is an exported detector, ``--json`` can be written, the test
+    split's annotations and images are there (the preflight of ``tools/test.py``: a missing
+    set names the tool that makes it). The first problem ends the process with one line."""
+    for name, path in (("config", Path(args.config)), ("model", args.model)):
+        if not path.is_file():
+            fail(f"{name}: file not found: {path}")
+    problem = output_path_error(args.json, "--json") if args.json is not None else None
+    if problem:
+        fail(problem)
+    try:
+        read_onnx(args.model)
+        cfg = load_config(args.config, args.cfg_options)
+        # Files checked to exist, not decoded: the evaluation reads every image anyway.
+        check_data(cfg, ["test"], check_images=False)
+    except (ValueError, PreflightError) as err:
+        fail(str(err))
+    return cfg
+
+
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     """``tools/eval_export.py``: evaluate, print the metrics, optionally write them as JSON."""
     parser = argparse.ArgumentParser(description="COCO evaluation of an exported ONNX detector")
@@ -121,11 +162,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     parser.add_argument("--json", type=Path, default=None, help="write the metrics here")
     parser.add_argument("--cfg-options", nargs="+", action=DictAction, default=None)
     args = parser.parse_args(argv)
-    for name, path in (("config", Path(args.config)), ("model", args.model)):
-        if not path.is_file():
-            fail(f"{name}: file not found: {path}")
+    cfg = checked_inputs(args)
     try:
-        metrics = evaluate_onnx(args.config, args.model, args.cfg_options, args.threads)
+        metrics = evaluate_onnx(cfg, args.model, args.threads)
     except ValueError as err:
         fail(str(err))
     for key, value in metrics.items():

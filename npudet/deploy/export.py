@@ -23,6 +23,7 @@ from npudet.bev.models import BEVFormer
 from npudet.engine.cli import fail
 from npudet.engine.preflight import PreflightError, check_checkpoint, load_state_dict
 from npudet.models.detectors import apply_msda_cfg
+from npudet.utils.output_path import output_path_error
 
 from . import aoti
 from .bev_graph import BEVGraph
@@ -142,6 +143,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"argument --opset: expected >= 16 (GridSample), got {args.opset}")
     if args.format == "aoti" and args.msda_node != "gridsample":
         parser.error("argument --msda-node: ONNX only; --format aoti runs the fused C++ kernel")
+    # Before loading and tracing (minutes), not when the traced graph is saved.
+    problem = output_path_error(args.out, "--out")
+    if problem:
+        parser.error(problem)
     return args
 
 

@@ -15,6 +15,7 @@ import torch
 from mmengine.config import Config
 
 from npudet.hooks.run_guard import CheckpointCorruptError, verify_checkpoint
+from npudet.utils.output_path import output_path_error
 
 from . import coco_checks
 
@@ -29,10 +30,12 @@ def check_msda(cfg: Config, device: Optional[str] = None) -> None:
     ``device``: the device type the run trains / tests on (default: mmengine's
     ``get_device()``). A name usable on this machine may still not take the run's tensors
     (``triton`` on CPU tensors without the interpreter): that stops here, not at the first
-    forward after the work dir exists.
+    forward after the work dir exists. The op library's environment variables are checked
+    first (``check_environment``).
     """
     from npudet.models import resolve_msda_cfg
 
+    check_environment()
     try:
         parts = resolve_msda_cfg(cfg.model.get("msda"))
     except ValueError as err:
@@ -222,15 +225,36 @@ def check_data(cfg: Config, loaders: List[str], check_images: bool = True) -> No
 
 
 def check_output_file(path: str, key: str) -> None:
-    """``path`` can be written when the run ends: not a folder, inside a writable folder
-    (or one that can be created). Checked first, not after the work it would hold."""
-    if os.path.isdir(path):
-        raise PreflightError(f"{key} {path}: a folder; expected a file path")
-    folder = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(folder):  # the nearest existing ancestor decides
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-        raise PreflightError(f"{key} {path}: cannot be written ({folder} is not a writable folder)")
+    """``path`` can be written when the run ends (``output_path_error``). Checked first, not
+    after the work it would hold."""
+    problem = output_path_error(path, key)
+    if problem:
+        raise PreflightError(problem)
+
+
+def check_work_dir(work_dir: str) -> None:
+    """The work dir a run writes its logs and results into can be created or written (a
+    file in the way, a read-only folder): checked before the model is loaded."""
+    problem = output_path_error(work_dir, "work dir", folder=True)
+    if problem:
+        raise PreflightError(f"{problem}; pass a writable --work-dir")
+
+
+def check_environment() -> None:
+    """The MSDA op library's environment variables hold documented values
+    (``NPUDET_TRITON_SCHEDULE``: cuda / ascend; ``NPUDET_CPU_SANITIZE``: 1 / 0): a typo stops
+    here with one line, not as a traceback at the first forward after the work dir exists,
+    nor as a switch to another build."""
+    from npudet.ops.msda.backends.cpu_library import sanitize_requested
+    from npudet.ops.msda.kernels.triton_launch import forced_schedule
+
+    try:
+        forced_schedule()
+    except ValueError as err:
+        raise PreflightError(str(err)) from None
+    sanitize = sanitize_requested()
+    if isinstance(sanitize, str):
+        raise PreflightError(sanitize)
 
 
 def check_train_length(cfg: Config) -> None:

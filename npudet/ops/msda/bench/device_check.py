@@ -306,9 +306,11 @@ def run(tool: Path, args: argparse.Namespace) -> int:
     )
     verdict = verdicts(parity_rows, bench)
     print("\n".join(verdict_lines(verdict)))
-    saved = save(args.device, verdict) if args.save else None
+    saved = save(args.device, verdict) if args.save and verdict["table"] else None
     if saved:
         print(f"saved verification for impl='auto' to {saved}")
+    elif args.save:
+        print("--save: no implementation was checked on this device; nothing saved")
     report = {
         "tool": "check_device",
         "version": 1,

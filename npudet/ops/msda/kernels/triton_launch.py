@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 SCHEDULE_ENV = "NPUDET_TRITON_SCHEDULE"
 
@@ -81,18 +81,23 @@ def register_schedule(name: str, planner: Planner) -> None:
     SCHEDULES[name] = planner
 
 
+def forced_schedule() -> Optional[str]:
+    """The schedule ``NPUDET_TRITON_SCHEDULE`` forces (``cuda`` or ``ascend``; None when
+    unset or empty); ValueError naming the variable and the allowed values for any other.
+    The preflight of ``tools/train.py`` / ``tools/test.py`` calls it before any work."""
+    forced = os.environ.get(SCHEDULE_ENV, "")
+    if forced and forced not in ("cuda", "ascend"):
+        raise ValueError(f"{SCHEDULE_ENV}={forced!r}: expected 'cuda' or 'ascend' (or unset)")
+    return forced or None
+
+
 def schedule_for(device_type: str) -> str:
     """The schedule a call on ``device_type`` uses: ``ascend`` on npu, else ``cuda``.
 
     ``NPUDET_TRITON_SCHEDULE=cuda|ascend`` forces one (tests run the Ascend kernels on CPU
     tensors under the interpreter with it).
     """
-    forced = os.environ.get(SCHEDULE_ENV, "")
-    if forced:
-        if forced not in ("cuda", "ascend"):
-            raise ValueError(f"{SCHEDULE_ENV}: expected 'cuda' or 'ascend', got {forced!r}")
-        return forced
-    return "ascend" if device_type == "npu" else "cuda"
+    return forced_schedule() or ("ascend" if device_type == "npu" else "cuda")
 
 
 def pointer_type(dtype_name: str) -> str:
