@@ -3,11 +3,14 @@
     python tools/benchmark_msda.py --threads 2 --json results/msda_cpu.json
     python tools/benchmark_msda.py --cases ddetr-enc --threads 2 --runs 3 --json r.json
     python tools/benchmark_msda.py --host --threads 1 --runs 3
+    python tools/benchmark_msda.py --host-ratio --threads 1 --repeat 400 --json r.json
 
 The command line of ``npudet.ops.msda.bench.harness`` (what is timed and how: its
 docstring). ``--runs N`` runs the whole benchmark N times in separate processes and
 reports, per cell, the median of the runs and their spread (min-max): ratios are taken
-within each run, where both sides met the same machine state, then summarised.
+within each run, where both sides met the same machine state, then summarised. Every case
+records its load average, CPU and wall time; a loaded one is marked ``loaded`` beside its
+CPU-time ratios (npudet.ops.msda.bench.conditions has the rule).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from typing import List
 import torch
 
 from npudet.ops.msda import msda_impls, msda_variants
-from npudet.ops.msda.bench import harness
+from npudet.ops.msda.bench import harness, host_cost
 from npudet.ops.msda.bench.cases import parse_case
+from npudet.ops.msda.bench.conditions import RULE
 from npudet.ops.msda.bench.provenance import git_commit
 
 
@@ -82,6 +86,13 @@ def main(argv: List[str] | None = None) -> int:
         "cases; --repeat rounds of 1000 calls",
     )
     parser.add_argument(
+        "--host-ratio",
+        action="store_true",
+        help="time only auto's forward+backward on the 1-query problem against one ATen "
+        "grid_sample with autograd, alternating in --repeat short rounds (use hundreds); "
+        "median and spread of each and of the per-round ratio",
+    )
+    parser.add_argument(
         "--runs",
         type=int,
         default=1,
@@ -91,6 +102,8 @@ def main(argv: List[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs: expected a positive integer")
+    if args.host_ratio and args.runs > 1:
+        parser.error("--runs: not with --host-ratio (its spread is over --repeat rounds)")
     if args.threads is not None:
         if args.threads < 1:
             parser.error("--threads: expected a positive integer")
@@ -123,12 +136,20 @@ def main(argv: List[str] | None = None) -> int:
         print(harness.markdown(summary, args.host))
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            payload = {"commit": commit, "machine": info, "runs": payloads, "summary": summary}
+            payload = {
+                "commit": commit,
+                "machine": info,
+                "loaded_rule": RULE,
+                "runs": payloads,
+                "summary": summary,
+            }
             args.json.write_text(json.dumps(payload, indent=2))
         return 0
     info, rows = harness.run(args, impls, specs)
     print(harness.header(info, args, ""))
-    print(harness.markdown(rows, args.host))
+    print(
+        host_cost.ratio_markdown(rows[0]) if args.host_ratio else harness.markdown(rows, args.host)
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {
@@ -137,6 +158,7 @@ def main(argv: List[str] | None = None) -> int:
             "threads": info["threads"],
             "machine": info,
             "repeat": args.repeat,
+            "loaded_rule": RULE,
             "results": rows,
         }
         args.json.write_text(json.dumps(payload, indent=2))

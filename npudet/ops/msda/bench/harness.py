@@ -16,11 +16,20 @@ queued back to back between two syncs, per call (what training sees: the larger 
 and the device's time), and on CUDA ``kernel ms``, the GPU's own time per call from the
 profiler. Columns nothing measured are left out of the table.
 
+Each case's rounds record their conditions (``conditions``: load average before and after,
+the process's CPU and wall time, threads); the CPU time of every timed call is kept beside its
+wall time, so a case timed on a loaded machine is marked ``loaded`` (JSON, table, plot) with
+its CPU-time ratios (``*_cpu_x``) beside the wall-time ones.
+
 ``--host`` times instead what a call costs the host (``host_cost``): a
 1-query problem whose kernels do next to nothing, per-call us of forward, forward+backward
 and no-grad forward for ``auto`` and each implementation, beside one ATen op's:
 
     python tools/benchmark_msda.py --host --threads 1 --runs 3
+
+``--host-ratio`` times only ``auto``'s forward+backward against the ATen yardstick, the two
+alternating in many short rounds, and reports the median and spread of each and of the
+per-round ratio (``host_cost.measure_ratio``).
 
 ``--runs N`` runs the whole benchmark N times in separate processes and reports, per
 cell, the median of the runs and their spread (min-max): ratios are taken within each run,
@@ -47,6 +56,7 @@ from ..inputs import validate_inputs
 from ..registry import get_impl
 from . import host_cost
 from .cases import CASES, make_inputs, parse_case
+from .conditions import RULE, Recorder, mark, record_reasons
 
 BASELINE = REFERENCE
 DEFAULT_CASES = [*CASES, "ddetr-enc:uniform"]
@@ -66,6 +76,7 @@ FEATURES = (
     "sve",
 )
 TIMES = ("fwd_ms", "bwd_ms", "fwd_bwd_ms")
+CPU_TIMES = tuple(key.replace("_ms", "_cpu_ms") for key in TIMES)
 
 
 def machine_info() -> dict:
@@ -101,11 +112,16 @@ def _sync(device: str) -> None:
 
 
 def _timed(fn: Callable[[], object], device: str) -> float:
+    return _timed_cpu(fn, device)[0]
+
+
+def _timed_cpu(fn: Callable[[], object], device: str) -> Tuple[float, float]:
+    """(wall ms, this process's CPU ms) of one synced call of ``fn``."""
     _sync(device)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
     _sync(device)
-    return (time.perf_counter() - start) * 1e3
+    return (time.perf_counter() - start) * 1e3, (time.process_time() - cpu) * 1e3
 
 
 class Runner:
@@ -129,11 +145,16 @@ class Runner:
         return (out, *torch.autograd.grad(out, self.leaves, self.grad))
 
     def time_round(self, device: str) -> Dict[str, float]:
-        fwd = _timed(self.forward, device)
+        """Wall and CPU ms of a forward, a backward and a forward+backward."""
+        fwd = _timed_cpu(self.forward, device)
         out = self.forward()
-        bwd = _timed(lambda: torch.autograd.grad(out, self.leaves, self.grad), device)
-        both = _timed(self.grads, device)
-        return {"fwd_ms": fwd, "bwd_ms": bwd, "fwd_bwd_ms": both}
+        bwd = _timed_cpu(lambda: torch.autograd.grad(out, self.leaves, self.grad), device)
+        both = _timed_cpu(self.grads, device)
+        times = {"fwd_ms": fwd, "bwd_ms": bwd, "fwd_bwd_ms": both}
+        return {
+            **{key: wall for key, (wall, _) in times.items()},
+            **{key.replace("_ms", "_cpu_ms"): cpu for key, (_, cpu) in times.items()},
+        }
 
 
 def peak_memory_mb(runner: Runner, device: str) -> float:
@@ -200,7 +221,8 @@ def run_case(
     spec: str, impls: List[str], repeat: int, device: str, dtype: torch.dtype = torch.float32
 ) -> List[dict]:
     """Rows (one per implementation that takes the case) of case ``spec`` on ``device`` in
-    ``dtype``: median times of ``repeat`` interleaved rounds, peak memory, errors against
+    ``dtype``: median wall and CPU times of ``repeat`` interleaved rounds (every
+    implementation once per round), the rounds' conditions, peak memory, errors against
     ``BASELINE``."""
     case, pattern = parse_case(spec)
     inputs = make_inputs(case, pattern, dtype=dtype, device=device)
@@ -231,16 +253,17 @@ def run_case(
             errs[name] = (measured[0][0], max(rel for _, rel in measured[1:]))
     rounds: Dict[str, List[Dict[str, float]]] = {name: [] for name in impls}
     limits: List[float] = []
-    for _ in range(repeat):
-        for name in impls:
-            rounds[name].append(runners[name].time_round(device))
-        if probe is not None:
-            limits.append(_timed(probe, device))
+    with Recorder(torch.get_num_threads(), cpu_bound=device == "cpu") as recorder:
+        for _ in range(repeat):
+            for name in impls:
+                rounds[name].append(runners[name].time_round(device))
+            if probe is not None:
+                limits.append(_timed(probe, device))
     limit = statistics.median(limits) if limits else float("nan")
     rows = []
     for name in impls:
-        row = {"case": spec, "impl": name}
-        for key in ("fwd_ms", "bwd_ms", "fwd_bwd_ms"):
+        row = {"case": spec, "impl": name, "conditions": recorder.record}
+        for key in (*TIMES, *CPU_TIMES):
             row[key] = statistics.median(r[key] for r in rounds[name])
         row["peak_mem_mb"] = peak_memory_mb(runners[name], device)
         row["max_abs_err"], row["max_rel_grad_err"] = errs[name]
@@ -265,14 +288,16 @@ def make_probe(inputs: Tuple[torch.Tensor, ...], case) -> Optional[Callable[[], 
 
 
 def derive(rows: List[dict]) -> List[dict]:
-    """Adds the ratios of each row: speed-up and memory against the baseline's row of the
-    same case, and fwd / bwd time over the probe's (the row-load limit)."""
+    """Adds the ratios of each row: speed-up (wall and CPU time) and memory against the
+    baseline's row of the same case, fwd / bwd time over the probe's (the row-load limit),
+    and whether the case's rounds were loaded (``loaded``, ``loaded_why``)."""
     base = {r["case"]: r for r in rows if r["impl"] == BASELINE}
     nan = float("nan")
     for r in rows:
         b = base.get(r["case"])
-        for key in (*TIMES, "queued_ms", "kernel_ms"):
-            r[key.replace("_ms", "_x")] = b[key] / r[key] if b else nan
+        for key in (*TIMES, *CPU_TIMES, "queued_ms", "kernel_ms"):
+            r[key.replace("_ms", "_x")] = b[key] / r[key] if b and r[key] else nan
+        r.update(mark(record_reasons(r.get("conditions"))))
         r["mem_ratio"] = r["peak_mem_mb"] / b["peak_mem_mb"] if b and b["peak_mem_mb"] else nan
         r["fwd_x_limit"] = r["fwd_ms"] / r["limit_ms"]
         r["bwd_x_limit"] = r["bwd_ms"] / r["limit_ms"]
@@ -287,6 +312,9 @@ COLUMNS = (
     ("fwd x", "fwd_x", ".1f"),
     ("bwd x", "bwd_x", ".1f"),
     ("fwd+bwd x", "fwd_bwd_x", ".1f"),
+    ("fwd CPU x", "fwd_cpu_x", ".1f"),
+    ("bwd CPU x", "bwd_cpu_x", ".1f"),
+    ("fwd+bwd CPU x", "fwd_bwd_cpu_x", ".1f"),
     ("queued ms", "queued_ms", ".3f"),
     ("queued x", "queued_x", ".1f"),
     ("kernel ms", "kernel_ms", ".3f"),
@@ -302,7 +330,12 @@ COLUMNS = (
 
 
 # Columns of a summary of runs that show the spread; the others show the median alone.
-SPREAD = {key for _, key, _ in COLUMNS[:13]}
+SPREAD = {key for _, key, _ in COLUMNS} - {
+    "peak_mem_mb",
+    "mem_ratio",
+    "max_abs_err",
+    "max_rel_grad_err",
+}
 
 
 def _measured(value) -> bool:
@@ -332,17 +365,26 @@ def markdown(rows: List[dict], host: bool = False) -> str:
     spread = {key for _, key, _ in table} if host else SPREAD
     columns = [c for c in table if any(_measured(r.get(c[1], float("nan"))) for r in rows)]
     lines = [
-        "| case | impl | " + " | ".join(h for h, _, _ in columns) + " |",
-        "|---|---|" + "---:|" * len(columns),
+        "| case | impl | " + " | ".join(h for h, _, _ in columns) + " | conditions |",
+        "|---|---|" + "---:|" * len(columns) + "---|",
     ]
     for r in rows:
         cells = [_cell(r.get(key, float("nan")), fmt, key in spread) for _, key, fmt in columns]
+        cells.append(conditions_cell(r))
         lines.append(f"| {r['case']} | {r['impl']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def conditions_cell(row: dict) -> str:
+    """``quiet``, ``loaded (why)`` or ``load not recorded`` (rows stored before)."""
+    if "loaded" not in row:
+        return "load not recorded"
+    return f"loaded ({row['loaded_why']})" if row["loaded"] else "quiet"
+
+
 def summarize(runs: List[List[dict]]) -> List[dict]:
-    """Per (case, impl) and numeric key, the median, min and max over the runs."""
+    """Per (case, impl) and numeric key, the median, min and max over the runs; ``loaded``
+    when any run was (``loaded_why`` names the runs)."""
     summary = []
     for first in runs[0]:
         same = [
@@ -350,6 +392,9 @@ def summarize(runs: List[List[dict]]) -> List[dict]:
             for run in runs
         ]
         row = {"case": first["case"], "impl": first["impl"], "runs": len(runs)}
+        whys = [f"run {i + 1}: {r['loaded_why']}" for i, r in enumerate(same) if r.get("loaded")]
+        if any("loaded" in r for r in same):
+            row.update(loaded=bool(whys), loaded_why="; ".join(whys))
         for key, value in first.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 values = [r[key] for r in same]
@@ -370,14 +415,21 @@ def header(info: dict, args: argparse.Namespace, runs: str) -> str:
         f"{info['cpu_kernel_variant']}\n"
         f"torch {info['torch']}, {info['threads']} threads, device {args.device}, {runs}"
     )
+    if args.host_ratio:
+        return machine + (
+            f"{args.repeat} rounds alternating {host_cost.RATIO_CALLS} calls of each (the order "
+            f"swapped every round); host cost per call (1 query, 2x2 map), forward + "
+            f".sum().backward(); {RULE}"
+        )
     if args.host:
         return machine + (
             f"median of {args.repeat} interleaved rounds of 1000 calls; host cost per call "
             f"(1 query, 2x2 map); / aten = over {host_cost.YARDSTICK} (fwd + .sum().backward())"
+            f"; {RULE}"
         )
     return machine + (
-        f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE}; "
-        f"limit = gather-only probe (corner rows loaded, nothing computed)"
+        f"median of {args.repeat} interleaved rounds; x = speed-up over {BASELINE} (CPU x: in "
+        f"CPU time); limit = gather-only probe (corner rows loaded, nothing computed); {RULE}"
     )
 
 
@@ -385,10 +437,12 @@ def run(args: argparse.Namespace, impls: List[str], specs: List[str]) -> Tuple[d
     """(machine info, rows) of one benchmark run in this process: the host cost
     (``args.host``) or every case of ``specs`` for ``impls``."""
     rows: List[dict] = []
-    if args.host:
+    if args.host_ratio:
+        rows = [host_cost.measure_ratio(args.device, rounds=args.repeat)]
+    elif args.host:
         named = args.impls.split(",") if args.impls else None  # default: msda_impls()
         rows = host_cost.measure(args.device, named, rounds=args.repeat)
-    for spec in [] if args.host else specs:
+    for spec in [] if args.host or args.host_ratio else specs:
         rows.extend(run_case(spec, impls, args.repeat, args.device))
         print(f"[benchmark] {spec} done", file=sys.stderr, flush=True)
     return machine_info(), rows

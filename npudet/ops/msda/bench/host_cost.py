@@ -14,6 +14,12 @@ the issue's yardstick), ``aten addcmul`` (one ATen op with three differentiable 
 as MSDA has) and, for ``cpu``, ``cpu kernel op`` (the kernel's torch op called directly,
 forward op + backward op without autograd). Functions are interleaved round by round and
 each cell is the median of the rounds, so machine noise meets every row alike.
+
+:func:`measure_ratio` is the measurement of the host-cost goal alone: ``auto``'s
+forward+backward and the yardstick's, alternating in many short rounds (the order swapped
+every round: A B, B A, A B, ...), with the median and spread (quartiles, min-max) of each and of
+the per-round ratio; a machine whose load moves shows as a wide spread, not as a different
+median. Both record their conditions (npudet.ops.msda.bench.conditions).
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ from ..backends import cpu as cpu_impl
 from ..backends import cpu_library
 from ..inputs import validate_inputs
 from ..registry import get_impl, msda_impls
+from .conditions import Recorder, mark, record_reasons
 
 TIMES = ("fwd_us", "fwd_bwd_us", "nograd_fwd_us")
 YARDSTICK = "aten grid_sample"
+RATIO_CALLS = 100  # calls per side and round of measure_ratio
 
 
 def host_case(device: str = "cpu") -> Tuple[torch.Tensor, ...]:
@@ -148,15 +156,17 @@ def measure(
                 for _ in range(20):
                     fn()
     samples: Dict[Tuple[str, str], List[float]] = {}
-    for _ in range(rounds):
-        for label, table in rows.items():
-            for key, fn in table.items():
-                with torch.set_grad_enabled(key != "nograd_fwd_us"):
-                    us = _per_call_us(fn, calls, sync)
-                samples.setdefault((label, key), []).append(us)
+    with Recorder(torch.get_num_threads(), cpu_bound=module is None) as recorder:
+        for _ in range(rounds):
+            for label, table in rows.items():
+                for key, fn in table.items():
+                    with torch.set_grad_enabled(key != "nograd_fwd_us"):
+                        us = _per_call_us(fn, calls, sync)
+                    samples.setdefault((label, key), []).append(us)
     results = []
+    loaded = mark(record_reasons(recorder.record))
     for label, table in rows.items():
-        row = {"case": "host-1q", "impl": label}
+        row = {"case": "host-1q", "impl": label, "conditions": recorder.record, **loaded}
         for key in table:
             row[key] = statistics.median(samples[(label, key)])
         results.append(row)
@@ -165,6 +175,74 @@ def measure(
         for key in TIMES:
             row[key.replace("_us", "_x_aten")] = row[key] / base[key]
     return results
+
+
+def spread(values: List[float]) -> Dict[str, float]:
+    """Median, quartiles and range of ``values``."""
+    p25, _, p75 = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return {
+        "median": statistics.median(values),
+        "p25": p25,
+        "p75": p75,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def measure_ratio(
+    device: str = "cpu", impl: str = "auto", rounds: int = 200, calls: int = RATIO_CALLS
+) -> dict:
+    """``impl``'s forward+backward on the 1-query case against the yardstick's, alternating in
+    ``rounds`` rounds of ``calls`` calls each (A B, then B A, ...): per-call us of each and the
+    per-round ratio, each as :func:`spread`, with the rounds' conditions."""
+    module = getattr(torch, device, None) if device != "cpu" else None
+    sync = module.synchronize if module is not None else (lambda: None)
+    pair = {
+        impl: _op_calls(impl, host_case(device))["fwd_bwd_us"],
+        YARDSTICK: _grid_sample_calls(device)["fwd_bwd_us"],
+    }
+    for fn in pair.values():  # warm-up: builds, verification, first-call plans
+        for _ in range(20):
+            fn()
+    samples: Dict[str, List[float]] = {name: [] for name in pair}
+    ratios: List[float] = []
+    with Recorder(torch.get_num_threads(), cpu_bound=module is None) as recorder:
+        for r in range(rounds):
+            for name in list(pair) if r % 2 == 0 else list(pair)[::-1]:
+                samples[name].append(_per_call_us(pair[name], calls, sync))
+            ratios.append(samples[impl][-1] / samples[YARDSTICK][-1])
+    return {
+        "case": "host-1q",
+        "impl": impl,
+        "rounds": rounds,
+        "calls_per_round": calls,
+        "fwd_bwd_us": spread(samples[impl]),
+        "aten_fwd_bwd_us": spread(samples[YARDSTICK]),
+        "ratio": spread(ratios),
+        "conditions": recorder.record,
+        **mark(record_reasons(recorder.record)),
+    }
+
+
+def ratio_markdown(row: dict) -> str:
+    """:func:`measure_ratio`'s result as a table: median, quartiles and range per line."""
+    lines = [
+        "| host cost, 1 query, fwd+bwd | median | p25-p75 | min-max |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, key, fmt in (
+        (f"`{row['impl']}` us per call", "fwd_bwd_us", ".1f"),
+        (f"{YARDSTICK} us per call", "aten_fwd_bwd_us", ".1f"),
+        (f"`{row['impl']}` / {YARDSTICK}, per round", "ratio", ".2f"),
+    ):
+        s = row[key]
+        lines.append(
+            f"| {label} | {s['median']:{fmt}} | {s['p25']:{fmt}}-{s['p75']:{fmt}} | "
+            f"{s['min']:{fmt}}-{s['max']:{fmt}} |"
+        )
+    verdict = f"loaded ({row['loaded_why']})" if row["loaded"] else "quiet"
+    load = "-".join(f"{v:.1f}" for v in row["conditions"]["load_1m"])
+    return "\n".join(lines) + f"\n\nconditions: load {load}, {verdict}"
 
 
 # (header, key, format) of the host table's columns.
