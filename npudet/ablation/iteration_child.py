@@ -22,7 +22,7 @@ import json
 import resource
 import sys
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from mmengine.hooks import Hook
@@ -63,8 +63,9 @@ def _msda_layer_classes(model: torch.nn.Module) -> List[str]:
     return sorted(names)
 
 
-def run(spec: Dict[str, Any]) -> Dict[str, Any]:
-    """Train as ``spec`` says; returns (and writes) the record."""
+def run(spec: Dict[str, Any], hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
+    """Train as ``spec`` says, with ``hooks`` registered after the benchmark's own (e.g. a
+    profiler's); returns (and writes) the record."""
     warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
     torch.set_num_threads(int(spec["threads"]))
     stock = spec["impl"] == "stock"
@@ -88,7 +89,7 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
             reference = json.load(f)
     matching = MatchingRecorder(reference)
     initial = InitialStateHook(spec["init_weights"], int(spec["seed"]))
-    for hook in (initial, splitter, recorder, matching):
+    for hook in (initial, splitter, recorder, matching, *hooks):
         runner.register_hook(hook)
     # The perturbation first, so the timer wraps (and times) the perturbed sampling.
     undo_ulp = perturb_mmcv_output(int(spec["seed"])) if spec.get("perturb_ulp") else None
