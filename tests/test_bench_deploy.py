@@ -4,7 +4,9 @@ checked against eager ``grid_sample``'s.
 The tool runs on a Deformable DETR of the small config with 1 encoder and 2 decoder layers
 at 96x128 (random weights), on eager ``grid_sample`` and ``cpu`` and ONNX Runtime's fused
 ``npudet`` node graph (exported by the tool through ``npudet.deploy.export``): the JSON and
-markdown hold every route's times, speed-ups and agreement, and every route agrees.
+markdown hold every route's times, speed-ups and agreement, and every route agrees. That run
+is slow (an export and three routes); the default run times stand-in routes: interleaved round
+by round, conditions recorded, a loaded speed-up marked with its CPU-time one.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from plugin_util import SMALL_DETR, run_tool, tiny_config
 
 from npudet.deploy.bench import (
     REFERENCE,
+    TimedRoute,
     compare_outputs,
     judge,
     parse_models,
     parse_routes,
     speedups,
+    time_routes,
 )
-from npudet.deploy.bench_report import markdown, read_result
+from npudet.deploy.bench_report import goal_line, markdown, model_table, read_result
+from npudet.ops.msda.bench import conditions
 
 ROUTES = ["eager_grid_sample", "eager_cpu", "ort_npudet"]
 RUNS = 2
@@ -45,6 +50,7 @@ def bench(tmp_path_factory):
     return json.loads(out.read_text()), (tmp / "speed.md").read_text(), done.stdout, out
 
 
+@pytest.mark.slow
 def test_every_route_is_timed_and_agrees_with_eager(bench):
     result, _, _, _ = bench
     assert result["threads"] == {"torch": 1, "ort_intra_op": 1, "ort_inter_op": 1}
@@ -62,8 +68,12 @@ def test_every_route_is_timed_and_agrees_with_eager(bench):
     fused = model["routes"]["ort_npudet"]
     assert fused["export_s"] > 0 and not fused["reused"]  # exported in this run
     assert fused["ort_op_ms"]["MultiScaleDeformableAttn"] > 0  # the profile sees the node
+    assert fused["conditions"]["threads"] == 1 and fused["cpu_median_ms"] > 0
+    assert fused["cpu_time_speedup"]["vs_eager_grid_sample"] > 0
+    assert isinstance(fused["loaded"], bool) and "loaded" in result["loaded_rule"]
 
 
+@pytest.mark.slow
 def test_markdown_names_the_cpu_and_every_route(bench):
     result, md, stdout, path = bench
     assert markdown(read_result(str(path))) == md  # what --report-only rewrites
@@ -71,6 +81,63 @@ def test_markdown_names_the_cpu_and_every_route(bench):
     rows = [line for line in md.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == ROUTES
     assert all("| yes (" in row for row in rows)
+
+
+def test_routes_are_interleaved_and_a_loaded_round_is_marked(monkeypatch):
+    """Three rounds call a, b, a, b, a, b (each prepared before its call); a route whose runtime
+    fails is dropped with its error, the others go on; a load of 2.0 on 1 thread marks them."""
+    calls = []
+
+    def route(name, fail=False):
+        def run(images):
+            if fail and name in calls:  # its warm-up call passes, its first timed one fails
+                raise RuntimeError("refused")
+            calls.append(name)
+            return [images]
+
+        return TimedRoute(lambda: calls.append(f"prepare {name}"), run)
+
+    monkeypatch.setattr(conditions, "load_1m", lambda: 2.0)
+    timed = time_routes(
+        {"a": route("a"), "b": route("b"), "c": route("c", fail=True)}, np.zeros(1), 1, 3, 1
+    )
+    assert calls[:6] == ["prepare a", "a", "prepare b", "b", "prepare c", "c"]  # warm-up
+    assert calls[6:12] == ["prepare a", "a", "prepare b", "b", "prepare c", "prepare a"]
+    assert [c for c in calls[6:] if not c.startswith("prepare")] == ["a", "b"] * 3
+    assert timed["c"] == {"error": "RuntimeError: refused"}
+    for name in ("a", "b"):
+        assert len(timed[name]["runs_ms"]) == 3 and timed[name]["cpu_median_ms"] >= 0
+        assert timed[name]["loaded"] and timed[name]["conditions"]["load_1m"] == [2.0, 2.0]
+        assert timed[name]["loaded_why"] == "load 2.0 > 1 threads + 0.5"
+
+
+def _route(ms, loaded, cpu_ms=None):
+    route = {"median_ms": ms, "runs_ms": [ms], "load_avg_1m": [0.2, 0.3], "agreement": {
+        "agrees": True, "max_score_diff": 0.0, "max_box_diff_normalised": 0.0,
+        "labels_equal": True}}  # fmt: skip
+    if loaded is not None:
+        route.update(loaded=loaded, loaded_why="load 2.0 > 1 threads + 0.5" if loaded else "")
+    return route
+
+
+@pytest.mark.parametrize("loaded", [True, False, None])
+def test_a_loaded_speedup_is_marked_in_the_table_and_not_judged(loaded):
+    """Interleaved routes share their conditions; a result stored before them is judged by
+    each route's own load (None: 0.2-0.3 here, quiet)."""
+    routes = {"ort_gridsample": _route(300.0, loaded), "ort_npudet": _route(100.0, loaded)}
+    times = {r: v["median_ms"] for r, v in routes.items()}
+    for name, r in routes.items():
+        r["speedup"] = speedups(times)[name]
+        r["cpu_time_speedup"] = speedups({"ort_gridsample": 150.0, "ort_npudet": 100.0})[name]
+    model = {"input": [1, 3, 96, 128], "config": "c.py", "weights": "random", "routes": routes}
+    table = model_table("m", model, {r: r for r in routes})
+    goal = goal_line("m", model)
+    if loaded:
+        assert "| (3.00x) loaded, CPU-time 1.50x |" in table
+        assert "`ort_npudet` (3.00x) not judged: loaded" in goal
+    else:
+        assert "| 3.00x |" in table and "loaded" not in table
+        assert "`ort_npudet` 3.00x (met)" in goal
 
 
 def test_a_wrong_route_output_disagrees():

@@ -12,10 +12,14 @@ Every route of a model runs :class:`~npudet.deploy.detector.DetectorGraph` of on
 built from the seed (random weights; pretrained ``init_cfg`` dropped), on the same image
 (batch 1). The files are written by ``npudet.deploy.export`` in a child process each
 (``tools/export.py``'s path; a time limit stops one cleanly) and kept in the work folder,
-reused while the weights, route and traced size are the same. Timing: ``warmup`` calls,
-then the median of ``runs`` calls, with torch's threads and ONNX Runtime's intra-op threads
-both ``threads``. Each route's outputs are compared with eager ``grid_sample``'s
-(:func:`compare_outputs`).
+reused while the weights, route and traced size are the same. Timing (:func:`time_routes`):
+``warmup`` calls of each route, then ``runs`` rounds calling every route once each, interleaved
+(A B C, A B C, ...: a change in the machine's load meets every route alike); per route the
+median wall and CPU time of its calls, and the conditions of the rounds
+(npudet.ops.msda.bench.conditions: load average before and after, CPU and wall time, threads),
+which mark its speed-ups ``loaded`` when the machine was. Torch's threads and ONNX Runtime's
+intra-op threads are both ``threads``. Each route's outputs are compared with eager
+``grid_sample``'s (:func:`compare_outputs`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from mmengine.config import Config
 from mmengine.logging import MMLogger
 
 from npudet.models.detectors import apply_msda_cfg
+from npudet.ops.msda.bench.conditions import RULE, Recorder, mark, record_reasons
 from npudet.ops.msda.bench.harness import machine_info
 from npudet.ops.msda.bench.provenance import git_commit
 from npudet.utils.pretrained import drop_pretrained
@@ -212,17 +217,23 @@ def export_route(
 Runner = Callable[[torch.Tensor], List[np.ndarray]]
 
 
-def eager_runner(graph: DetectorGraph, impl: str) -> Runner:
-    """``graph`` in PyTorch with every MSDA layer on ``impl`` (set now: time one runner
-    before making the next)."""
+@dataclass(frozen=True)
+class TimedRoute:
+    """A route to time: ``prepare()`` (untimed, before each call: the eager routes share one
+    model and set its MSDA implementation) and ``run(images)`` (timed)."""
 
-    apply_msda_cfg(graph.detector, dict(impl=impl))
+    prepare: Callable[[], None]
+    run: Runner
+
+
+def eager_route(graph: DetectorGraph, impl: str) -> TimedRoute:
+    """``graph`` in PyTorch with every MSDA layer on ``impl`` (set by ``prepare``)."""
 
     def run(images: torch.Tensor) -> List[np.ndarray]:
         with torch.no_grad():
             return [t.numpy() for t in graph(images)]
 
-    return run
+    return TimedRoute(lambda: apply_msda_cfg(graph.detector, dict(impl=impl)), run)
 
 
 def ort_runner(path: Path, threads: int, library: Optional[Path] = None) -> Runner:
@@ -251,35 +262,64 @@ def aoti_runner(path: Path) -> Runner:
     return run
 
 
-def make_runner(route: str, graph: DetectorGraph, path: Optional[Path], threads: int) -> Runner:
-    """``route``'s runner: ``graph`` eager, or the exported file ``path`` in its runtime."""
+def make_route(route: str, graph: DetectorGraph, path: Optional[Path], threads: int) -> TimedRoute:
+    """``route`` to time: ``graph`` eager, or the exported file ``path`` in its runtime."""
     if route in EAGER_IMPL:
-        return eager_runner(graph, EAGER_IMPL[route])
-    if route == "aoti":
-        return aoti_runner(path)
-    return ort_runner(path, threads, ort_library_of(route))
+        return eager_route(graph, EAGER_IMPL[route])
+    run = aoti_runner(path) if route == "aoti" else ort_runner(path, threads, ort_library_of(route))
+    return TimedRoute(lambda: None, run)
 
 
-def time_runner(run: Runner, images: torch.Tensor, warmup: int, runs: int) -> Dict[str, Any]:
-    """``warmup`` untimed calls, then ``runs`` timed ones: their times (ms), the median, the
-    load average before and after, and the last call's outputs."""
-    for _ in range(warmup):
-        run(images)
-    times = []
-    load_before = os.getloadavg()[0]
-    for _ in range(runs):
-        start = time.perf_counter()
-        outputs = run(images)
-        times.append((time.perf_counter() - start) * 1e3)
-    # The machine's 1-minute load average around the timed runs: other processes' share of
-    # the cores shows in the wall-clock times.
-    load = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-    return {
-        "median_ms": statistics.median(times),
-        "runs_ms": times,
-        "load_avg_1m": load,
-        "outputs": outputs,
-    }
+def time_routes(
+    routes: Dict[str, TimedRoute], images: torch.Tensor, warmup: int, runs: int, threads: int
+) -> Dict[str, Dict[str, Any]]:
+    """``warmup`` untimed calls of each route, then ``runs`` rounds calling every route once,
+    interleaved. Per route: its times (ms), their median, the median CPU ms per call (this
+    process, all threads: ONNX Runtime's too), the rounds' ``conditions`` with ``loaded`` /
+    ``loaded_why``, the last call's outputs; or ``{"error": ...}`` for a route whose runtime
+    failed (the others go on)."""
+    results: Dict[str, Dict[str, Any]] = {}
+    live = dict(routes)
+
+    def call(name: str) -> Optional[Any]:
+        try:
+            live[name].prepare()
+            start, cpu = time.perf_counter(), time.process_time()
+            outputs = live[name].run(images)
+            wall_ms = (time.perf_counter() - start) * 1e3
+            cpu_ms = (time.process_time() - cpu) * 1e3
+        except Exception as err:  # a runtime that refuses the file: the other routes still run
+            results[name] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+            del live[name]
+            return None
+        timed = results.setdefault(name, {"runs_ms": [], "cpu_ms": []})
+        timed["runs_ms"].append(wall_ms)
+        timed["cpu_ms"].append(cpu_ms)
+        timed["outputs"] = outputs
+        return outputs
+
+    for name in list(live):
+        for _ in range(warmup):
+            if call(name) is None:
+                break
+    for name in live:  # the warm-up's times are not kept
+        results[name] = {"runs_ms": [], "cpu_ms": []}
+    with Recorder(threads) as recorder:
+        for _ in range(runs):
+            for name in list(live):
+                call(name)
+    marked = mark(record_reasons(recorder.record))
+    for name in live:
+        timed = results[name]
+        timed.update(
+            median_ms=statistics.median(timed["runs_ms"]),
+            cpu_median_ms=statistics.median(timed.pop("cpu_ms")),
+            # kept beside the conditions: the field results stored before them have
+            load_avg_1m=recorder.record["load_1m"],
+            conditions=recorder.record,
+            **marked,
+        )
+    return results
 
 
 def untied(scores: np.ndarray) -> np.ndarray:
@@ -370,37 +410,36 @@ def bench_model(
         log(f"[{spec.name}] exporting {route} -> {out.name}")
         results[route] = export_route(route, config, checkpoint, out, spec, key, export_timeout)
         files[route] = out
-    reference = time_runner(eager_runner(graph, "grid_sample"), images, warmup, runs)
-    for route in routes:
+    timed_routes: Dict[str, TimedRoute] = {}
+    for route in [REFERENCE, *(r for r in routes if r != REFERENCE)]:
         if "error" in results.get(route, {}):
             continue
         try:
-            timed = (
-                reference
-                if route == REFERENCE
-                else time_runner(
-                    make_runner(route, graph, files.get(route), threads), images, warmup, runs
-                )
-            )
+            timed_routes[route] = make_route(route, graph, files.get(route), threads)
         except Exception as err:  # a runtime that refuses the file: the other routes still run
             results.setdefault(route, {})["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    timed = time_routes(timed_routes, images, warmup, runs, threads)
+    reference = timed[REFERENCE]
+    for route in routes:
+        if route not in timed:
             continue
-        diff = compare_outputs(timed["outputs"], reference["outputs"])
-        results.setdefault(route, {}).update(
-            median_ms=timed["median_ms"],
-            runs_ms=timed["runs_ms"],
-            load_avg_1m=timed["load_avg_1m"],
-            agreement=judge(diff, spec.height, spec.width),
-        )
-        log(f"[{spec.name}] {route}: {timed['median_ms']:.1f} ms")
+        if "error" in timed[route]:
+            results.setdefault(route, {})["error"] = timed[route]["error"]
+            continue
+        got = timed[route]
+        diff = compare_outputs(got.pop("outputs"), reference["outputs"])
+        results.setdefault(route, {}).update(got, agreement=judge(diff, spec.height, spec.width))
+        log(f"[{spec.name}] {route}: {got['median_ms']:.1f} ms")
         if route in EXPORTS and route != "aoti":
             # A separate profiled session: the profiler's cost stays out of the times above.
             session = partial(ort_session, files[route], threads, ort_library_of(route))
             results[route]["ort_op_ms"] = profile_session(session, {"images": images.numpy()})
     times = {r: v["median_ms"] for r, v in results.items() if "median_ms" in v}
     ratios = speedups(times)
+    cpu_ratios = speedups({r: v["cpu_median_ms"] for r, v in results.items() if r in times})
     for route in times:
         results[route]["speedup"] = ratios[route]
+        results[route]["cpu_time_speedup"] = cpu_ratios[route]
     return {
         "config": spec.config,
         "input": [1, 3, spec.height, spec.width],
@@ -441,6 +480,7 @@ def bench_deploy(
         "reference": REFERENCE,
         "baseline": BASELINE,
         "tolerance": TOLERANCE,
+        "loaded_rule": RULE,
         "models": {},
     }
     for spec in specs:

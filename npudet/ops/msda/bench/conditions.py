@@ -13,7 +13,7 @@ used. One rule (:func:`loaded_reasons`) says when a run was *loaded*:
 - **starved**: ``wall > STARVED_FACTOR x CPU time`` (CPU-bound work only): a CPU-bound run alone
   on its cores accrues at least one CPU second per wall second, whatever its thread count;
   well below that, it waited for a core. This is the rule that judges stored runs without a
-  recorded load, and a second sign for new ones.
+  recorded load, and a second sign for new ones (those of ``STARVED_MIN_WALL_S`` or more).
 
 A ratio of two runs is loaded when either run is (:func:`ratio_reasons`); tables, JSON and
 plots mark it ``loaded`` and show the CPU-time ratio beside the wall-time one.
@@ -22,11 +22,15 @@ plots mark it ``loaded`` and show the CPU-time ratio beside the wall-time one.
 from __future__ import annotations
 
 import os
+import resource
 import time
 from typing import Dict, List, Optional, Sequence
 
 LOAD_MARGIN = 0.5
 STARVED_FACTOR = 1.3
+# A recorded run shorter than this is judged by its load alone: over a few milliseconds the
+# CPU-time and wall clocks disagree by scheduling noise, not by waiting for a core.
+STARVED_MIN_WALL_S = 1.0
 # The rule in words, for the headers of tables and JSON files.
 RULE = (
     f"loaded: the 1-minute load average before or after a run above its threads + "
@@ -45,8 +49,10 @@ def load_1m() -> float:
 
 def cpu_seconds(children: bool = False) -> float:
     """CPU time (user + system, all threads) of this process, or of its waited-for children."""
-    t = os.times()
-    return t.children_user + t.children_system if children else t.user + t.system
+    if not children:
+        return time.process_time()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 class Recorder:
@@ -99,15 +105,17 @@ def loaded_reasons(
 
 
 def record_reasons(record: Optional[Dict[str, object]]) -> List[str]:
-    """:func:`loaded_reasons` of a :class:`Recorder` record (empty for None: not recorded)."""
+    """:func:`loaded_reasons` of a :class:`Recorder` record (empty for None: not recorded);
+    the starved rule only from ``STARVED_MIN_WALL_S`` of wall time on."""
     if not record:
         return []
+    long_enough = (record.get("wall_s") or 0.0) >= STARVED_MIN_WALL_S
     return loaded_reasons(
         int(record["threads"]),
         record.get("load_1m"),
         record.get("wall_s"),
         record.get("cpu_s"),
-        bool(record.get("cpu_bound", True)),
+        bool(record.get("cpu_bound", True)) and long_enough,
     )
 
 
