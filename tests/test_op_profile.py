@@ -5,7 +5,7 @@ By default: the attribution rules on a hand-built event tree whose split is know
 scope, the MSDA layer's mixed scopes by op name, backward nodes linked by sequence number, a
 node no forward op recorded, AccumulateGrad, other threads, the sum against the total); and
 one profiled training step of the small Deformable DETR (one encoder and one decoder layer,
-64x80) with the scopes marked: every part present, the MSDA op forward and backward, each MSDA
+64x48) with the scopes marked: every part present, the MSDA op forward and backward, each MSDA
 projection one ``aten::linear`` per layer call, the categories summing to the iteration, the
 backward linked, the scopes removed afterwards. Slow: the same step on the small DINO, and the
 tool end to end (its own process, a generated batch, JSON and table).
@@ -29,6 +29,7 @@ from npudet.ablation.op_profile import (
     attribute_iteration,
     mean_split,
     totals,
+    transformer_rest,
 )
 from npudet.ablation.op_profile_report import markdown
 from npudet.ablation.profile_iteration import profile_iteration
@@ -152,6 +153,9 @@ def test_attribution_rules() -> None:
     rows = totals(twice)
     assert rows["group:msda"]["total"] + rows["group:rest"]["total"] == pytest.approx(100)
     assert rows["msda.op"]["share"] == pytest.approx(0.23)
+    # the benchmark's "transformer rest": all but the op (23), optimizer (8) and outside (2)
+    rest = transformer_rest(split)
+    assert rest == pytest.approx({"total": 67, "msda_layers": 9 + 5 + 7 + 1 + 4 + 5, "others": 36})
 
 
 def _flatten(event: Ev):
@@ -161,7 +165,7 @@ def _flatten(event: Ev):
 
 
 def profiled_step(path: str):
-    """One training step of the small config at ``path`` (1 + 1 layers, 64x80) profiled
+    """One training step of the small config at ``path`` (1 + 1 layers, 64x48) profiled
     inside the scopes; returns (split, model, optim wrapper, hook counts before marking)."""
     from mmdet.testing import demo_mm_inputs
     from mmengine.optim import OptimWrapper
@@ -176,7 +180,7 @@ def profiled_step(path: str):
     model.train()
     wrapper = OptimWrapper(torch.optim.AdamW(model.parameters(), lr=1e-4))
     torch.manual_seed(0)
-    batch = demo_mm_inputs(batch_size=1, image_shapes=(3, 64, 80), num_items=[2], num_classes=3)
+    batch = demo_mm_inputs(batch_size=1, image_shapes=(3, 48, 64), num_items=[2], num_classes=3)
     hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
     undo = mark_scopes(model, wrapper)
     try:
@@ -231,7 +235,7 @@ def test_profiled_step_small_detr() -> None:
     result = {
         "config": "small.py",
         "impl": "cpu",
-        "input": "80x64",
+        "input": "64x48",
         "threads": 2,
         "iters": 1,
         "machine": {"cpu_model": "a CPU", "aten_capability": "AVX2"},

@@ -74,6 +74,9 @@ CATEGORIES = (
 CATEGORY = {c.key: c for c in CATEGORIES}
 # What is not attributed to a part of the model.
 UNATTRIBUTED = ("other", "unlinked")
+# The categories outside the iteration benchmark's "transformer rest" (time_split: data,
+# backbone + neck, the op, the loss's forward, optimizer, other); the loss's backward is in it.
+NOT_TRANSFORMER_REST = ("data", "backbone_neck", "msda.op", "optimizer", "other")
 
 # Scope kinds whose ops all go to one category (the kind names what :mod:`.op_scopes` marks).
 SCOPE_CATEGORY = {
@@ -149,7 +152,7 @@ class _Item:
     event: Any
     phase: str
     category: Optional[str]
-    link: Optional[Tuple[int, int]] = None
+    link: Optional[Tuple[int, int]] = None  # (forward thread, sequence number) of its node
     node: Optional[str] = None  # the autograd node the event runs in (backward)
 
 
@@ -204,8 +207,8 @@ class _Creators:
     def __init__(self, items: Iterable[_Item]) -> None:
         self.found: Dict[Tuple[int, int], _Item] = {}
         for item in items:
-            seq = getattr(item.event, "sequence_nr", -1)
-            if item.phase == "backward" or item.category is None or seq is None or seq < 0:
+            seq = item.event.sequence_nr
+            if item.phase == "backward" or seq < 0:
                 continue
             key = (item.event.thread, seq)
             known = self.found.get(key)
@@ -215,10 +218,10 @@ class _Creators:
         for thread, seq in sorted(self.found):
             self.numbers[thread].append(seq)
 
-    def get(self, link: Tuple[int, int]) -> Optional[_Item]:
+    def get(self, link: Optional[Tuple[int, int]]) -> Optional[_Item]:
         """The creator of node ``link`` = (forward thread, sequence number), None if unknown."""
-        if link in self.found:
-            return self.found[link]
+        if link is None or link in self.found:
+            return self.found.get(link)
         thread, seq = link
         numbers = self.numbers.get(thread, [])
         below = bisect.bisect_left(numbers, seq)
@@ -240,7 +243,7 @@ def attribute_iteration(root: Any, events: Iterable[Any] = ()) -> Dict[str, Any]
     for item in items:
         category = item.category
         if category is None:
-            creator = creators.get(item.link) if item.link else None
+            creator = creators.get(item.link)
             category = creator.category if creator is not None else "unlinked"
             if creator is None:
                 unlinked[item.node] += _us(item.event)
@@ -312,3 +315,16 @@ def totals(split: Dict[str, Any]) -> Dict[str, Dict[str, float]]:
         for k, v in row.items():
             group[k] += v
     return {**out, **groups}
+
+
+def transformer_rest(split: Dict[str, Any]) -> Dict[str, float]:
+    """The iteration benchmark's ``transformer_rest`` in the split's terms (ms): ``total``,
+    ``msda_layers`` (the MSDA layers' own work but the op) and ``others`` (the rest of it)."""
+    cat = split["categories"]
+    parts = {
+        c.key: sum(cat[c.key].values()) for c in CATEGORIES if c.key not in NOT_TRANSFORMER_REST
+    }
+    parts["loss_matcher"] -= cat["loss_matcher"]["forward"]
+    layers = sum(v for k, v in parts.items() if CATEGORY[k].group == "msda")
+    total = sum(parts.values())
+    return {"total": total, "msda_layers": layers, "others": total - layers}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from .op_profile import CATEGORIES, UNATTRIBUTED
+from .op_profile import CATEGORIES, UNATTRIBUTED, transformer_rest
 from .time_split import PHASES
 
 GROUPS = {"msda": "MSDA layers' own work", "rest": "the rest"}
@@ -106,10 +106,18 @@ def calls_line(result: Dict[str, Any]) -> str:
 
 
 def time_split_line(result: Dict[str, Any]) -> str:
-    """The benchmark's own time split of the same run, for comparison."""
+    """The benchmark's own time split of the same run, and its "transformer rest" split."""
     split = result["time_split_ms"]
     cells = ", ".join(f"{p} {split[p]:.1f}" for p in PHASES)
-    return f"The iteration benchmark's time split of this run (median ms after warm-up): {cells}."
+    rest = transformer_rest(result["profile"])
+    share = rest["msda_layers"] / rest["total"] if rest["total"] else 0.0
+    return (
+        f"The iteration benchmark's time split of this run (median ms after warm-up): {cells}. "
+        f"Its transformer rest in the profile's categories (all but data, backbone + neck, the "
+        f"MSDA op, the losses' forward, optimizer and outside any scope): {rest['total']:.1f} "
+        f"ms, of which the MSDA layers' own work besides the op {rest['msda_layers']:.1f} ms "
+        f"({100 * share:.1f}%), the rest {rest['others']:.1f} ms."
+    )
 
 
 def markdown(result: Dict[str, Any]) -> str:

@@ -13,7 +13,8 @@ names the op, so a head branch called from the decoder counts as the head. Kinds
 - ``ffn`` (mmcv ``FFN``), ``norm`` (``nn.LayerNorm``), ``self_attn`` (mmcv or torch
   ``MultiheadAttention``), outside the backbone and neck;
 - ``heads``: ``bbox_head`` and the items of any ``cls_branches`` / ``reg_branches``;
-  ``loss_matcher``: the head's ``loss_by_feat``;
+  ``loss_matcher``: the head's loss method (the one the iteration benchmark's timer wraps:
+  ``time_split.LOSS_METHODS``);
 - every MSDA layer (``deformable_layers``): ``msda.layer`` (its forward), ``msda.value``
   (``project_value``), ``msda.attend`` (``deformable_attend``), its four projections
   ``msda.value_proj`` / ``msda.offsets_proj`` / ``msda.weights_proj`` / ``msda.output_proj``,
@@ -40,6 +41,7 @@ from npudet.models.layers import deformable_layers
 from npudet.ops.msda.observe import MSDACall, MSDAObserver, Run, add_observer, remove_observer
 
 from .op_profile import SCOPE, attribute
+from .time_split import LOSS_METHODS
 
 BACKBONE_ATTRS = ("backbone", "neck", "img_backbone", "img_neck")
 BRANCH_ATTRS = ("cls_branches", "reg_branches")
@@ -52,7 +54,6 @@ MSDA_PROJECTIONS = {
     "attention_weights": "msda.weights_proj",
     "output_proj": "msda.output_proj",
 }
-LOSS_METHODS = ("loss_by_feat",)
 _MISSING = object()
 
 
@@ -152,9 +153,10 @@ def mark_scopes(model: nn.Module, optim_wrapper: Any = None) -> Callable[[], Non
     for method in QUERY_METHODS:
         marker.method(model, method, "pos_query")
     marker.module(getattr(model, "bbox_head", None), "heads")
-    for attr in HEAD_ATTRS:
-        for method in LOSS_METHODS:
-            marker.method(getattr(model, attr, None), method, "loss_matcher")
+    for head in (getattr(model, attr, None) for attr in HEAD_ATTRS):
+        method = next((m for m in LOSS_METHODS if hasattr(head, m)), None)
+        if method is not None:
+            marker.method(head, method, "loss_matcher")
     marker.module(getattr(model, "data_preprocessor", None), "data_preprocessor")
     marker.module(model, "detector")
     if optim_wrapper is not None:

@@ -20,7 +20,7 @@ from npudet.utils.json_io import write_json_atomic
 
 from .ablate import run_variant
 from .iteration_bench import bench_iteration
-from .op_profile import mean_split, totals
+from .op_profile import mean_split, totals, transformer_rest
 from .op_profile_report import markdown
 
 CHILD = "npudet.ablation.op_profile_child"
@@ -70,6 +70,7 @@ def profile_iteration(
         "peak_rss_mb": run["peak_rss_mb"],
         "profile": split,
         "totals": totals(split),
+        "transformer_rest_ms": transformer_rest(split),
         "profile_iterations": run["op_profile"],
     }
 
