@@ -64,6 +64,17 @@ CASES: Dict[str, MSDACase] = {
     )
 }
 
+# The other mmdet models on MSDA, at the sizes of ``CASES`` (512x640): DDQ-DETR's decoder (900
+# queries + 1350 dense + 200 denoising) and Mask2Former's pixel-decoder encoder (3 levels,
+# every pixel a query). Named by tools/check_device.py; not in ``launch_shapes`` (the compile
+# checks' stored reports list ``CASES``).
+MODEL_CASES: Dict[str, MSDACase] = {
+    c.name: c
+    for c in (
+        MSDACase("ddq-dec", 2, _DDETR_LEVELS, 2450, 8, 32, 4, False),
+        MSDACase("m2f-enc", 2, _DDETR_LEVELS[:3], 6720, 8, 32, 4, True),
+    )
+}
 
 # Full training sizes, for accelerators (named, never in a default CPU list): Deformable DETR's
 # encoder on an 800x1216 padded COCO batch of 2; BEVFormer-base's temporal self-attention (200x200
@@ -84,11 +95,11 @@ LARGE_CASES: Dict[str, MSDACase] = {
 
 
 def parse_case(spec: str) -> Tuple[MSDACase, str]:
-    """'ddetr-enc' or 'ddetr-enc:uniform' (any of ``CASES`` or ``LARGE_CASES``) -> (case,
-    pattern)."""
+    """'ddetr-enc' or 'ddetr-enc:uniform' (any of ``CASES``, ``MODEL_CASES`` or
+    ``LARGE_CASES``) -> (case, pattern)."""
     name, _, pattern = spec.partition(":")
     pattern = pattern or "realistic"
-    known = {**CASES, **LARGE_CASES}
+    known = {**CASES, **MODEL_CASES, **LARGE_CASES}
     if name not in known:
         raise ValueError(f"--cases: unknown case {name!r}; expected one of {sorted(known)}")
     if pattern not in PATTERNS:

@@ -35,8 +35,19 @@ from ..registry import get_impl, msda_impls, msda_variants, registered_impls
 from . import harness
 
 BASELINE = REFERENCE
+# The models whose MSDA calls each benchmark case stands for (``bench.cases``): a check covers
+# every model npudet switches. Grounding DINO's image encoder and decoder have DINO's shapes.
+CASE_MODELS = {
+    "ddetr-enc": ("Deformable DETR", "DINO", "DDQ-DETR", "Grounding DINO"),
+    "ddetr-dec": ("Deformable DETR",),
+    "dino-dec": ("DINO", "Grounding DINO"),
+    "ddq-dec": ("DDQ-DETR",),
+    "m2f-enc": ("Mask2Former",),
+    "bev-sca": ("BEVFormer",),
+    "bev-tsa": ("BEVFormer",),
+}
 # Benchmark plans: (cases, timed rounds). The first case is the one recorded for ``auto``.
-FULL_CASES = ["ddetr-enc", "ddetr-dec", "dino-dec", "bev-sca", "bev-tsa"]
+FULL_CASES = list(CASE_MODELS)
 FAST_CASES = ["ddetr-dec"]
 CHILD_TIMEOUT_S = 480  # a child: one implementation's parity, or the benchmark
 
@@ -289,6 +300,8 @@ def run(tool: Path, args: argparse.Namespace) -> int:
     phases["benchmark"] = round(max(0.0, time.perf_counter() - start - sum(phases.values())), 1)
     if bench["rows"]:
         print(harness.markdown(bench["rows"]))
+        covered = [f"{c} ({', '.join(CASE_MODELS[c])})" for c in args.cases if c in CASE_MODELS]
+        print(f"cases of the models: {'; '.join(covered) or '-'}")
     for spec, error in bench["errors"].items():
         print(f"benchmark {spec} failed: {error}")
     if args.no_compile or args.fast:
@@ -323,6 +336,7 @@ def run(tool: Path, args: argparse.Namespace) -> int:
         "skipped": plan["skipped"],
         "parity": parity_rows,
         "benchmark": bench,
+        "case_models": {c: list(CASE_MODELS[c]) for c in args.cases if c in CASE_MODELS},
         "compile": compiled,
         "verdict": verdict,
         "saved": saved,
