@@ -320,6 +320,11 @@ def test_a_run_that_trains_nothing_fails(tmp_path, capsys) -> None:
         run_guarded(again.train)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().startswith("error: trained 0 iterations")
+    # tools/train.py's way: no copy of the finished run's checkpoint as iter_2.pth (it was
+    # saved and logged with "continue with --resume", which fails the same way)
+    with pytest.raises(NothingTrainedError):
+        train_keeping_progress(again)
+    assert not list((tmp_path / "c").glob("*.pth"))
 
 
 class _SignalAt(Hook):

@@ -273,10 +273,11 @@ def train_keeping_progress(runner: Any) -> None:
     """``runner.train()``; when it fails (an image that does not decode mid-epoch, a crash
     in a layer), the iterations done since the last checkpoint are saved first
     (``iter_N.pth``, logged) and the error goes on. Not after a stop that must keep the
-    last checkpoint as it is (divergence, a failed save, a corrupt checkpoint)."""
+    last checkpoint as it is (divergence, a failed save, a corrupt checkpoint) or that
+    trained nothing (a resumed finished run: its checkpoint is the progress)."""
     try:
         runner.train()
-    except (NonFiniteLossError, CheckpointSaveError, CheckpointCorruptError):
+    except (NonFiniteLossError, CheckpointSaveError, CheckpointCorruptError, NothingTrainedError):
         raise
     except Exception:
         iters = runner.iter
