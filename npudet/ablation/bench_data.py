@@ -2,8 +2,9 @@
 
 2D detectors: a COCO-format set (``annotations/instances_train.json`` + ``train/*.jpg``)
 of W x H images with the shapes set's objects (:func:`npudet.datasets.shapes.make_image`,
-drawn square and stretched to W x H), labelled with the first classes of the config's
-dataset so mmdet's ``CocoDataset`` keeps them. BEV detectors: the synthetic multi-camera
+drawn square and stretched to W x H) and their visible masks (for instance segmentation,
+e.g. Mask2Former), labelled with the first classes of the config's dataset so mmdet's
+``CocoDataset`` keeps them. BEV detectors: the synthetic multi-camera
 set in npudet's nuScenes info format (:mod:`npudet.bev.infos.synthetic`, the format
 ``tools/create_nuscenes_infos.py`` writes) with nuScenes' 1600 x 900 cameras.
 """
@@ -20,7 +21,7 @@ from mmengine.config import Config, ConfigDict
 
 from npudet.bev.infos.synthetic import CLASSES as BEV_CLASSES
 from npudet.bev.infos.synthetic import make_bev_dataset
-from npudet.datasets.shapes import make_image
+from npudet.datasets.shapes import encode_mask, make_image, visible_masks
 
 NUSCENES_CAMERA = (1600, 900)  # width, height of a nuScenes camera image
 
@@ -30,7 +31,8 @@ def write_coco_images(
 ) -> str:
     """Write ``num_images`` W x H JPEGs and their COCO annotations under ``root``.
 
-    The shapes' three kinds become ``classes[0..2]``; returns the annotation file path.
+    The shapes' three kinds become ``classes[0..2]``; each object carries its box and its
+    visible mask (compressed RLE); returns the annotation file path.
     """
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(root, "train"), exist_ok=True)
@@ -44,8 +46,9 @@ def write_coco_images(
         name = f"{index:06d}.jpg"
         cv2.imwrite(os.path.join(root, "train", name), cv2.resize(img, (width, height)))
         images.append(dict(id=index + 1, file_name=name, width=width, height=height))
-        for cls, (x, y, w, h) in objects:
+        for (cls, (x, y, w, h)), mask in zip(objects, visible_masks(objects, side)):
             box = [x * sx, y * sy, w * sx, h * sy]
+            stretched = cv2.resize(mask, (width, height), interpolation=cv2.INTER_NEAREST)
             annotations.append(
                 dict(
                     id=len(annotations) + 1,
@@ -53,6 +56,7 @@ def write_coco_images(
                     category_id=cls + 1,
                     bbox=box,
                     area=box[2] * box[3],
+                    segmentation=encode_mask(stretched),
                     iscrowd=0,
                 )
             )
@@ -80,19 +84,24 @@ def dataset_classes(cfg: Config) -> List[str]:
 def use_coco_images(cfg: Config, root: str, width: int, height: int) -> None:
     """Point ``cfg``'s training data at :func:`write_coco_images`' set, in place.
 
-    The pipeline loads, resizes to W x H (keeping the ratio: a no-op on these images) and
-    packs: the config's random multi-scale resize and crop are left out so every iteration
-    has the same input size; batch 1, no worker processes (data time is in the iteration),
-    no shuffling (every run sees the same images in the same order).
+    The pipeline loads (masks too where the config's own pipeline does), resizes to W x H
+    (keeping the ratio: a no-op on these images) and packs: the config's random multi-scale
+    resize and crop are left out so every iteration has the same input size; batch 1, no
+    worker processes (data time is in the iteration), no shuffling (every run sees the same
+    images in the same order).
     """
     dataset = cfg.train_dataloader.dataset
+    with_mask = any(
+        step.get("type") == "LoadAnnotations" and step.get("with_mask", False)
+        for step in dataset.get("pipeline", [])
+    )
     dataset.data_root = root.rstrip("/") + "/"
     dataset.ann_file = "annotations/instances_train.json"
     dataset.data_prefix = ConfigDict(img="train/")
     dataset.filter_cfg = ConfigDict(filter_empty_gt=False)
     dataset.pipeline = [
         dict(type="LoadImageFromFile"),
-        dict(type="LoadAnnotations", with_bbox=True),
+        dict(type="LoadAnnotations", with_bbox=True, with_mask=with_mask),
         dict(type="Resize", scale=(width, height), keep_ratio=True),
         dict(type="PackDetInputs"),
     ]

@@ -142,11 +142,14 @@ class TimeSplitHook(Hook):
         model.data_preprocessor.register_forward_hook(spans["preprocess"].leave)
         model.register_forward_pre_hook(spans["forward"].enter)
         model.register_forward_hook(spans["forward"].leave)
-        for part in (model.backbone, model.neck):
+        # the image features: backbone + neck (Mask2Former has no neck: its pixel decoder,
+        # the MSDA encoder, is part of its head and counts as transformer)
+        parts = [model.backbone] + ([model.neck] if getattr(model, "neck", None) else [])
+        for part in parts:
             part.register_forward_pre_hook(spans["backbone_fwd"].enter)
             part.register_forward_hook(spans["backbone_fwd"].leave)
-        model.neck.register_forward_hook(self._watch_features)
-        head = model.bbox_head
+        parts[-1].register_forward_hook(self._watch_features)
+        head = model.bbox_head if hasattr(model, "bbox_head") else model.panoptic_head
         _timed_method(head, next(m for m in LOSS_METHODS if hasattr(head, m)), spans["loss"])
         wrapper = runner.optim_wrapper
         _timed_method(wrapper, "backward", spans["backward"])
