@@ -12,7 +12,9 @@ ATen op with autograd (``F.grid_sample``, two inputs with gradients) timed in th
 rounds as the yardstick. One intra-op thread; functions interleaved round by round, each
 cell the median of the rounds. Children of the checkouts alternate (run 1 of each, then
 run 2, ...) so load on a shared machine meets them alike; the table gives the median over
-runs and the ratio to the yardstick. ``tools/benchmark_msda.py --host`` measures more (the
+runs and the ratio to the yardstick. Each child's conditions are recorded (load average before
+and after, CPU and wall time; npudet.ops.msda.bench.conditions) and a checkout with a loaded
+child is named under the table. ``tools/benchmark_msda.py --host`` measures more (the
 kernel ops alone, forward with grad) but only at commits that have it; this measures the
 same quantity at any commit with the public op.
 """
@@ -131,7 +133,10 @@ def machine() -> dict:
 
 
 def table(report: dict) -> str:
-    """Markdown: per call, each checkout's median us (ratio to the yardstick)."""
+    """Markdown: per call, each checkout's median us (ratio to the yardstick); the checkouts
+    with a loaded child below it."""
+    from npudet.ops.msda.bench.conditions import RULE, record_reasons
+
     labels = list(report["checkouts"])
     head = ["call (us)"] + [f"{t[:-3].replace('_', ' ')} {lab}" for t in TIMES for lab in labels]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -150,8 +155,17 @@ def table(report: dict) -> str:
                     cells.append(f"{cell:.1f} ({cell / floor:.2f}x)")
         lines.append("| " + " | ".join(cells) + " |")
     commits = ", ".join(f"{lab} {c['commit'][:7]}" for lab, c in report["checkouts"].items())
-    return f"Host cost per call ({commits}; {report['machine']['cpu_model']}):\n\n" + "\n".join(
-        lines
+    loaded = [
+        f"{lab}: {'; '.join(why)}"
+        for lab, c in report["checkouts"].items()
+        for why in [[w for cond in c.get("runs_conditions", []) for w in record_reasons(cond)]]
+        if why
+    ]
+    notes = f"\n\nLoaded children ({RULE}): " + "; ".join(loaded) if loaded else ""
+    return (
+        f"Host cost per call ({commits}; {report['machine']['cpu_model']}):\n\n"
+        + "\n".join(lines)
+        + notes
     )
 
 
@@ -177,13 +191,17 @@ def main(argv: Sequence[str] = ()) -> int:
     for item in args.checkout:
         label, _, path = item.partition("=")
         roots[label] = Path(path).resolve()
+    # Here, not at the top: the children import npudet from their checkouts, older ones too.
+    from npudet.ops.msda.bench.conditions import Recorder
+
     runs: Dict[str, List[dict]] = {label: [] for label in roots}
     for _ in range(args.runs):
         for label, root in roots.items():
             env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
             cmd += ["--rounds", str(args.rounds), "--calls", str(args.calls)]
-            proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
+            with Recorder(1, children=True) as conditions:
+                proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 1
@@ -191,7 +209,7 @@ def main(argv: Sequence[str] = ()) -> int:
             if Path(result["npudet"]) != root / "npudet":
                 print(f"{label}: imported {result['npudet']}, not {root}", file=sys.stderr)
                 return 1
-            runs[label].append(result)
+            runs[label].append({**result, "conditions": conditions.record})
     # The checkouts by commit, not by where they lie on this machine.
     commits = {label: _commit(root) for label, root in roots.items()}
     shown = [f"--checkout {label}=CHECKOUT_OF_{commits[label][:7]}" for label in roots]
@@ -215,6 +233,7 @@ def main(argv: Sequence[str] = ()) -> int:
                     for name in runs[label][0]["us"]
                 },
                 "runs_us": [r["us"] for r in runs[label]],
+                "runs_conditions": [r["conditions"] for r in runs[label]],
             }
             for label, root in roots.items()
         },
