@@ -27,7 +27,10 @@ def header(result: Dict[str, Any]) -> str:
         f"{cond['load_1m'][0]:g} before / {cond['load_1m'][1]:g} after, {cond['wall_s']:.1f} s "
         f"wall / {cond['cpu_s']:.1f} s CPU: {load} ({result['loaded_rule']}). Times are self "
         "times on the training thread under the profiler (its overhead included), from "
-        "before_train_iter to after_train_iter (the batch's loading is outside)."
+        "before_train_iter to after_train_iter (the batch's loading is outside); forward: the "
+        "data preprocessor and the model's forward, backward: the autograd nodes (each in the "
+        "category of the forward op that made it), other: the optimizer and what ran outside "
+        "the model."
     )
 
 

@@ -163,7 +163,8 @@ def mark_scopes(model: nn.Module, optim_wrapper: Any = None) -> Callable[[], Non
         marker.method(optim_wrapper, "backward", "backward")
         marker.method(optim_wrapper, "step", "optimizer")
         marker.method(optim_wrapper, "zero_grad", "optimizer")
-    # first of the observers (the others' work, e.g. the benchmark's timer, is inside the op)
+    # Added before training, ahead of the benchmark's timer (which adds its own before each
+    # iteration): the outermost observer, so the timer's work counts inside the op's scope.
     observer = _OpScope()
     add_observer(observer)
     marker.undo.append(lambda: remove_observer(observer))
