@@ -1,4 +1,4 @@
-"""The op-level profile of a training iteration (npudet.ablation.op_profile / op_scopes,
+"""The op-level profile of a training iteration (npudet.ablation.op_profile,
 tools/profile_iteration.py).
 
 By default: the attribution rules on a hand-built event tree whose split is known (innermost
@@ -21,7 +21,9 @@ import pytest
 import torch
 from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool, small_cfg
 
-from npudet.ablation.op_profile import (
+from npudet.ablation.op_profile.report import markdown
+from npudet.ablation.op_profile.run import profile_iteration
+from npudet.ablation.op_profile.split import (
     CATEGORIES,
     NODE,
     SCOPE,
@@ -31,8 +33,6 @@ from npudet.ablation.op_profile import (
     totals,
     transformer_rest,
 )
-from npudet.ablation.op_profile_report import markdown
-from npudet.ablation.profile_iteration import profile_iteration
 from npudet.ops.msda.observe import active_observers
 
 MSDA_PROJECTIONS = ("msda.value_proj", "msda.offsets_proj", "msda.weights_softmax")
@@ -172,7 +172,7 @@ def profiled_step(path: str):
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
-    from npudet.ablation.op_scopes import mark_scopes
+    from npudet.ablation.op_profile.scopes import mark_scopes
 
     cfg = small_cfg(path, impl="cpu")
     cfg.model.encoder.num_layers = cfg.model.decoder.num_layers = 1

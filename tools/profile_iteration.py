@@ -7,7 +7,7 @@ work and the rest, forward and backward; write JSON and a markdown table.
 
 The run is one run of tools/bench_iteration.py (the same generated batch, weights and seed,
 its own process, its load recorded) with the iterations after ``--warmup`` profiled
-(npudet.ablation.profile_iteration says how they are split). A loaded run is marked.
+(npudet.ablation.op_profile says how they are split). A loaded run is marked.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import argparse
 import os
 
 from npudet.ablation.iteration_bench import parse_size
-from npudet.ablation.profile_iteration import profile_iteration, write_outputs
+from npudet.ablation.op_profile.run import profile_iteration, write_outputs
 from npudet.engine.cli import fail
 
 

@@ -1,10 +1,10 @@
 """Profile real-size training iterations by op (``tools/profile_iteration.py``).
 
-The run is one run of the iteration benchmark (:func:`.iteration_bench.bench_iteration`: the
+The run is one run of the iteration benchmark (:func:`..iteration_bench.bench_iteration`: the
 same generated batch at the given size, initial weights built from the seed with no
 pretrained download, the same random state, a child process on ``threads`` threads, its
-conditions recorded), made by :mod:`.op_profile_child`: the iterations after ``warmup`` are
-profiled and split by :mod:`.op_profile`. The result (:func:`profile_iteration`) holds the
+conditions recorded), made by :mod:`.child`: the iterations after ``warmup`` are
+profiled and split by :mod:`.split`. The result (:func:`profile_iteration`) holds the
 mean split over the profiled iterations, each iteration's split, the benchmark's own time
 split of the same run (whose times include the profiler's overhead), the losses and where
 and under which load it ran.
@@ -18,12 +18,12 @@ from typing import Any, Callable, Dict, Optional, Tuple
 from npudet.ops.msda.bench.conditions import RULE
 from npudet.utils.json_io import write_json_atomic
 
-from .ablate import run_variant
-from .iteration_bench import bench_iteration
-from .op_profile import mean_split, totals, transformer_rest
-from .op_profile_report import markdown
+from ..ablate import run_variant
+from ..iteration_bench import bench_iteration
+from .report import markdown
+from .split import mean_split, totals, transformer_rest
 
-CHILD = "npudet.ablation.op_profile_child"
+CHILD = "npudet.ablation.op_profile.child"
 
 
 def profile_iteration(

@@ -1,4 +1,4 @@
-"""A profiled iteration's split (:mod:`.profile_iteration`) as markdown: what ran and under
+"""A profiled iteration's split (:mod:`.run`) as markdown: what ran and under
 which load, the categories forward / backward with their share of the iteration, the sum
 against the profiled total, and the MSDA layers' top ops."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from .op_profile import CATEGORIES, UNATTRIBUTED, transformer_rest
-from .time_split import PHASES
+from ..time_split import PHASES
+from .split import CATEGORIES, UNATTRIBUTED, transformer_rest
 
 GROUPS = {"msda": "MSDA layers' own work", "rest": "the rest"}
 TOP_OPS = 15

@@ -1,7 +1,7 @@
 """Where a profiled training iteration's time goes, by op: the MSDA layers' own work and the rest.
 
 A torch.profiler trace (CPU activity) of iterations whose code ran inside named *scopes*:
-``record_function`` ranges called ``npudet.scope::KIND`` (:mod:`.op_scopes` opens them around
+``record_function`` ranges called ``npudet.scope::KIND`` (:mod:`.scopes` opens them around
 modules and methods, and one around each iteration). Every event's self time (the profiler's
 ``self_cpu_time_total``: wall time on its thread not spent in child events) goes to one
 :data:`CATEGORIES` entry and one phase (``forward``, ``backward``, ``other``):
@@ -78,7 +78,7 @@ UNATTRIBUTED = ("other", "unlinked")
 # backbone + neck, the op, the loss's forward, optimizer, other); the loss's backward is in it.
 NOT_TRANSFORMER_REST = ("data", "backbone_neck", "msda.op", "optimizer", "other")
 
-# Scope kinds whose ops all go to one category (the kind names what :mod:`.op_scopes` marks).
+# Scope kinds whose ops all go to one category (the kind names what :mod:`.scopes` marks).
 SCOPE_CATEGORY = {
     "iteration": "other",
     "detector": "detector",

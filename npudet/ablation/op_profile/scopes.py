@@ -1,7 +1,7 @@
 """Named profiler scopes on a detector, and the hook that profiles training iterations in them.
 
 :func:`mark_scopes` opens a ``record_function`` range ``npudet.scope::KIND`` around the parts
-of a model that :mod:`.op_profile` splits an iteration into: modules (forward pre/post hooks),
+of a model that :mod:`.split` splits an iteration into: modules (forward pre/post hooks),
 methods (instance wrappers) and the MSDA op (an observer). Where scopes nest, the innermost
 names the op, so a head branch called from the decoder counts as the head. Kinds:
 
@@ -40,8 +40,8 @@ from npudet.hooks.hook_types import DataBatch, Outputs
 from npudet.models.layers import deformable_layers
 from npudet.ops.msda.observe import MSDACall, MSDAObserver, Run, add_observer, remove_observer
 
-from .op_profile import SCOPE, attribute
-from .time_split import LOSS_METHODS
+from ..time_split import LOSS_METHODS
+from .split import SCOPE, attribute
 
 BACKBONE_ATTRS = ("backbone", "neck", "img_backbone", "img_neck")
 BRANCH_ATTRS = ("cls_branches", "reg_branches")
@@ -180,7 +180,7 @@ class OpProfileHook(Hook):
     """Profiles every training iteration from ``warmup`` on (torch.profiler, CPU activity)
     inside :func:`mark_scopes`' scopes and one ``iteration`` scope (``before_train_iter`` to
     ``after_train_iter``: the batch's loading is outside); after training, ``splits`` holds
-    :func:`.op_profile.attribute`'s split of each profiled iteration."""
+    :func:`.split.attribute`'s split of each profiled iteration."""
 
     # first in before_train_iter and after_train_iter, as the iteration benchmark's timer
     priority = "VERY_HIGH"

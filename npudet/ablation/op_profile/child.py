@@ -1,18 +1,18 @@
 """One profiled run of the iteration benchmark in its own process.
 
-``python -m npudet.ablation.op_profile_child SPEC_JSON`` trains as
-:mod:`.iteration_child` does (the same spec, plus ``profile_warmup``: the iterations left
-unprofiled) with :class:`~.op_scopes.OpProfileHook` registered, and adds ``op_profile`` (one
-:func:`.op_profile.attribute_iteration` split per profiled iteration) to ``record.json``.
+``python -m npudet.ablation.op_profile.child SPEC_JSON`` trains as
+:mod:`..iteration_child` does (the same spec, plus ``profile_warmup``: the iterations left
+unprofiled) with :class:`~.scopes.OpProfileHook` registered, and adds ``op_profile`` (one
+:func:`.split.attribute_iteration` split per profiled iteration) to ``record.json``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from . import iteration_child
-from .op_scopes import OpProfileHook
-from .worker import save_record, spec_main
+from .. import iteration_child
+from ..worker import save_record, spec_main
+from .scopes import OpProfileHook
 
 
 def run(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -23,7 +23,7 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    spec_main(run, "npudet.ablation.op_profile_child", argv)
+    spec_main(run, "npudet.ablation.op_profile.child", argv)
 
 
 if __name__ == "__main__":
