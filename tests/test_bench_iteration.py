@@ -62,6 +62,8 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
             str(ITERS),
             "--warmup",
             "1",
+            "--rounds",
+            "1",
             "--work-dir",
             str(tmp_path / "work"),
             "--json",
