@@ -24,6 +24,8 @@ CAR_RGB = (230, 25, 75)  # class 0 of DEFAULT_PALETTE
 # a car 10 m ahead, 2 m left, heading along x, moving 3 m/s forward
 PRED = [10.0, 2.0, 0.85, 1.9, 4.6, 1.7, 0.0, 3.0, 0.0]
 GT = [-6.0, -4.0, 0.85, 1.9, 4.6, 1.7, 0.0, 0.0, 0.0]
+# past the BEV picture's edge (25 m): it must not move the view
+OUT_OF_RANGE = [-25.0, 0.0, 0.85, 1.9, 4.6, 1.7, 0.0, 0.0, 0.0]
 
 
 def _lidar2img() -> np.ndarray:
@@ -42,7 +44,9 @@ def _sample() -> DetDataSample:
     sample = DetDataSample(
         metainfo=dict(lidar2img=_lidar2img()[None], cameras=list(CAMERA_NAMES), sample_idx=7)
     )
-    sample.gt_instances_3d = InstanceData(bboxes_3d=torch.tensor([GT]), labels_3d=torch.tensor([0]))
+    sample.gt_instances_3d = InstanceData(
+        bboxes_3d=torch.tensor([GT, OUT_OF_RANGE]), labels_3d=torch.tensor([0, 0])
+    )
     sample.pred_instances_3d = InstanceData(
         bboxes_3d=torch.tensor([PRED, [5.0, -5.0, 0.85, 1.9, 4.6, 1.7, 0.0, 0.0, 0.0]]),
         labels_3d=torch.tensor([0, 0]),

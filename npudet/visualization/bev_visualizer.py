@@ -89,6 +89,14 @@ class BEVLocalVisualizer(Visualizer):
     def _class_names(self) -> List[str]:
         return list((self.dataset_meta or {}).get("classes") or [])
 
+    def _set_canvas(self, image: np.ndarray) -> None:
+        """``set_image``, the view held to the image: matplotlib would otherwise widen it at
+        draw time to take in lines beyond the edge (a box past the BEV range), moving every
+        pixel."""
+        self.set_image(image)
+        self.ax_save.set_xlim(0, image.shape[1])
+        self.ax_save.set_ylim(image.shape[0], 0)
+
     # ---- the BEV plane ----------------------------------------------------------------------
     def _px(self, xy: np.ndarray) -> np.ndarray:
         return bev_pixels(xy, self.bev_range, self.bev_size)
@@ -167,7 +175,7 @@ class BEVLocalVisualizer(Visualizer):
         self.draw_lines(
             heading[..., 0], heading[..., 1], colors=colors, line_widths=self.line_width
         )
-        moving = np.linalg.norm(boxes[:, 7:9], axis=1) > 0.2  # slower reads as a dot
+        moving = np.linalg.norm(boxes[:, 7:9], axis=1) > 0.2  # m/s; slower: no arrow
         if moving.any():
             end = centre + self.velocity_seconds * boxes[:, 7:9]
             self._draw_arrows(centre[moving], end[moving], [c for c, m in zip(colors, moving) if m])
@@ -193,7 +201,7 @@ class BEVLocalVisualizer(Visualizer):
         """The BEV plane (bev_size, bev_size, 3) RGB: grid in metres, the ego at the centre,
         ``gt`` boxes in ``gt_color`` and ``pred`` boxes in class colours, each with a heading
         line and (moving) a velocity arrow. ``gt`` / ``pred``: bboxes_3d (N, 9), labels_3d."""
-        self.set_image(np.full((self.bev_size, self.bev_size, 3), 255, np.uint8))
+        self._set_canvas(np.full((self.bev_size, self.bev_size, 3), 255, np.uint8))
         with warnings.catch_warnings():
             # lines that reach the picture's edge (the grid, boxes out of range) are cut there by
             # matplotlib, as wanted; mmengine warns of every one
@@ -241,7 +249,7 @@ class BEVLocalVisualizer(Visualizer):
         canvas = np.zeros((rows * h, cols * w, 3), np.uint8)
         for img, (r, c) in zip(images, slots):
             canvas[r * h : (r + 1) * h, c * w : (c + 1) * w] = img
-        self.set_image(canvas)
+        self._set_canvas(canvas)
         boxes = _numpy(pred.bboxes_3d) if pred is not None else np.zeros((0, 9))
         colors = self.class_colors(_numpy(pred.labels_3d)) if pred is not None else []
         segments = box_segments(boxes)
