@@ -2,7 +2,7 @@
 
 ``python -m npudet.ablation.op_profile.child SPEC_JSON`` trains as
 :mod:`..iteration_child` does (the same spec, plus ``profile_warmup``: the iterations left
-unprofiled) with :class:`~.scopes.OpProfileHook` registered, and adds ``op_profile`` (one
+unprofiled) with :class:`~.hook.OpProfileHook` registered, and adds ``op_profile`` (one
 :func:`.split.attribute_iteration` split per profiled iteration) to ``record.json``.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from .. import iteration_child
 from ..worker import save_record, spec_main
-from .scopes import OpProfileHook
+from .hook import OpProfileHook
 
 
 def run(spec: Dict[str, Any]) -> Dict[str, Any]:
