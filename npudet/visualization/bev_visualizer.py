@@ -8,9 +8,10 @@ reaches every configured vis backend (local files, TensorBoard, ...) under the n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import mmcv
 import numpy as np
@@ -202,10 +203,7 @@ class BEVLocalVisualizer(Visualizer):
         ``gt`` boxes in ``gt_color`` and ``pred`` boxes in class colours, each with a heading
         line and (moving) a velocity arrow. ``gt`` / ``pred``: bboxes_3d (N, 9), labels_3d."""
         self._set_canvas(np.full((self.bev_size, self.bev_size, 3), 255, np.uint8))
-        with warnings.catch_warnings():
-            # lines that reach the picture's edge (the grid, boxes out of range) are cut there by
-            # matplotlib, as wanted; mmengine warns of every one
-            warnings.filterwarnings("ignore", message=".*out of bounds")
+        with _lines_may_reach_the_edge():
             self._draw_grid()
             self._draw_ego()
             if gt is not None:
@@ -261,7 +259,10 @@ class BEVLocalVisualizer(Visualizer):
             line_colors += [colors[i // per_box] for i in index]
         if line_colors:
             xy = np.concatenate(lines)
-            self.draw_lines(xy[..., 0], xy[..., 1], colors=line_colors, line_widths=self.line_width)
+            with _lines_may_reach_the_edge():
+                self.draw_lines(
+                    xy[..., 0], xy[..., 1], colors=line_colors, line_widths=self.line_width
+                )
         font = max(8, h // 16)
         self.draw_texts(
             cameras,
@@ -313,6 +314,15 @@ class BEVLocalVisualizer(Visualizer):
                 mmcv.imwrite(img[..., ::-1], f"{stem}_{kind}.png")
             else:
                 self.add_image(f"{name}_{kind}", img, step)
+
+
+@contextlib.contextmanager
+def _lines_may_reach_the_edge() -> Iterator[None]:
+    """Lines that reach or cross the picture's edge (the grid, a box out of range, a segment
+    cut at a camera's border) are cut there by matplotlib, as wanted; mmengine warns of each."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*out of bounds")
+        yield
 
 
 def _numpy(x) -> np.ndarray:
