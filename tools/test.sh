@@ -10,4 +10,4 @@ if [ "$#" -eq 0 ]; then
 fi
 # pytest exits 5 when it collected no test: that is a failure here, as is any other non-zero.
 # --durations: the slowest tests, to keep the default run within its 20-minute budget.
-exec .venv/bin/python -m pytest -q --durations=25 "$@"
+exec .venv/bin/python -m pytest -q --durations=40 "$@"
