@@ -20,6 +20,7 @@ from plugin_util import SMALL_DETR, run_tool, tiny_config
 from npudet.deploy.bench import (
     REFERENCE,
     TimedRoute,
+    bench_model,
     compare_outputs,
     judge,
     parse_models,
@@ -109,6 +110,20 @@ def test_routes_are_interleaved_and_a_loaded_round_is_marked(monkeypatch):
         assert len(timed[name]["runs_ms"]) == 3 and timed[name]["cpu_median_ms"] >= 0
         assert timed[name]["loaded"] and timed[name]["conditions"]["load_1m"] == [2.0, 2.0]
         assert timed[name]["loaded_why"] == "load 2.0 > 1 threads + 0.5"
+
+
+def test_eager_routes_of_a_tiny_model_interleave_and_agree(tmp_path):
+    """bench_model without exports: both eager routes timed in the same rounds, their
+    conditions shared, each agreeing with the reference's outputs."""
+    config = tiny_config(tmp_path, SMALL_DETR)
+    (spec,) = parse_models(f"{config}@{HEIGHT}x{WIDTH}")
+    routes = ["eager_grid_sample", "eager_cpu"]
+    model = bench_model(spec, routes, tmp_path / "work", 1, 0, 2, 0, 60.0, log=lambda _: None)
+    assert list(model["routes"]) == routes
+    first, second = (model["routes"][r] for r in routes)
+    assert first["conditions"] == second["conditions"] and len(second["runs_ms"]) == 2
+    assert all(r["agreement"]["agrees"] and "outputs" not in r for r in (first, second))
+    assert second["cpu_time_speedup"]["vs_eager_grid_sample"] > 0
 
 
 def _route(ms, loaded, cpu_ms=None):

@@ -419,15 +419,15 @@ def bench_model(
         except Exception as err:  # a runtime that refuses the file: the other routes still run
             results.setdefault(route, {})["error"] = f"{type(err).__name__}: {str(err)[:300]}"
     timed = time_routes(timed_routes, images, warmup, runs, threads)
-    reference = timed[REFERENCE]
+    reference = timed[REFERENCE]["outputs"]
     for route in routes:
         if route not in timed:
             continue
         if "error" in timed[route]:
             results.setdefault(route, {})["error"] = timed[route]["error"]
             continue
-        got = timed[route]
-        diff = compare_outputs(got.pop("outputs"), reference["outputs"])
+        got = {k: v for k, v in timed[route].items() if k != "outputs"}
+        diff = compare_outputs(timed[route]["outputs"], reference)
         results.setdefault(route, {}).update(got, agreement=judge(diff, spec.height, spec.width))
         log(f"[{spec.name}] {route}: {got['median_ms']:.1f} ms")
         if route in EXPORTS and route != "aoti":
