@@ -353,10 +353,21 @@ def test_sigterm_saves_a_resumable_checkpoint(tmp_path) -> None:
     assert "interrupted by SIGTERM after iteration 2" in str(err.value)
     assert torch.load(path, weights_only=False)["meta"]["iter"] == 2
     assert open(os.path.join(work, "last_checkpoint")).read() == path
-    resumed = toy_runner(work, [{"type": "RunGuardHook"}], max_iters=4, resume=True, load_from=path)
+    atomic = dict(type="AtomicCheckpointHook")
+    resumed = toy_runner(
+        work,
+        [{"type": "RunGuardHook"}],
+        max_iters=4,
+        checkpoint_interval=3,
+        checkpoint_options=atomic,
+        resume=True,
+        load_from=path,
+    )
     resumed.train()
     guard = next(h for h in resumed.hooks if type(h).__name__ == "RunGuardHook")
     assert resumed.iter == 4 and guard.trained == 2
+    # the interrupt's iter_2.pth went with the first checkpoint after it (it stayed for ever)
+    assert sorted(p for p in os.listdir(work) if p.endswith(".pth")) == ["iter_3.pth", "iter_4.pth"]
     with pytest.raises(SystemExit) as exit_info:
         run_guarded(lambda: (_ for _ in ()).throw(err.value))
     assert exit_info.value.code == 128 + signal.SIGTERM
@@ -524,8 +535,10 @@ def test_sigint_saves_a_checkpoint_and_resume_continues(interrupted) -> None:
     )
     assert match, first["output"][-3000:]
     iters, path = int(match.group(1)), match.group(3)
-    assert path == os.path.join(work, f"iter_{iters}.pth") and os.path.isfile(path)
+    assert path == os.path.join(work, f"iter_{iters}.pth")
     assert second.returncode == 0, second.stderr[-3000:]
+    # the resumed run's epoch_1.pth superseded the interrupt's checkpoint, which it removed
+    assert os.path.isfile(os.path.join(work, "epoch_1.pth")) and not os.path.exists(path)
     assert (
         f"[npudet] --resume: resuming from {path}, the newest checkpoint in {work} "
         f"(no {os.path.join(work, 'last_checkpoint')})"

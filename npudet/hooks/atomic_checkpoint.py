@@ -24,6 +24,10 @@ from mmengine.hooks import CheckpointHook
 
 RECORD = "last_checkpoint"
 PARTIAL = ".partial"
+# The message hub's list of checkpoints saved outside the hook's rotation (a signal's or a
+# failure's ``iter_N.pth``, names in ``out_dir``); kept in the checkpoints, so a resumed run
+# removes them once its own next checkpoint supersedes them.
+PROGRESS_KEY = "npudet_progress_checkpoints"
 
 
 class CheckpointSaveError(OSError):
@@ -129,6 +133,8 @@ class AtomicCheckpointHook(CheckpointHook):
             self.keep_ckpt_ids.append(step)
             runner.message_hub.update_info("keep_ckpt_ids", list(self.keep_ckpt_ids))
         filename = self.filename_tmpl.format(step)
+        superseded = runner.message_hub.get_info(PROGRESS_KEY) or []
+        runner.message_hub.update_info(PROGRESS_KEY, [])
         self.last_ckpt = os.path.join(self.out_dir, filename)
         self.last_ckpt_iters = meta.get("iter")  # RunGuardHook reuses a checkpoint of its point
         runner.message_hub.update_info("last_ckpt", self.last_ckpt)
@@ -147,6 +153,7 @@ class AtomicCheckpointHook(CheckpointHook):
         if not is_main_process():
             return
         write_record(runner.work_dir, self.last_ckpt)
-        for old in evicted:
+        old_names = [self.filename_tmpl.format(old) for old in evicted]
+        for name in old_names + [n for n in superseded if n != filename]:
             with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(self.out_dir, self.filename_tmpl.format(old)))
+                os.remove(os.path.join(self.out_dir, name))

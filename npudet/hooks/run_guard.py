@@ -29,6 +29,7 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.runner import EpochBasedTrainLoop
 
 from .atomic_checkpoint import (
+    PROGRESS_KEY,
     AtomicCheckpointHook,
     CheckpointSaveError,
     save_atomically,
@@ -256,10 +257,14 @@ def save_progress(runner: Any, epoch: int, iters: int) -> str:
     point ``last_checkpoint`` at it; its path."""
     hook = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
     out_dir = getattr(hook, "out_dir", None) or runner.work_dir
+    name = f"iter_{iters}.pth"
+    # outside the hook's rotation: its next checkpoint (after a resume too) removes this one
+    progress = runner.message_hub.get_info(PROGRESS_KEY) or []
+    runner.message_hub.update_info(PROGRESS_KEY, [*progress, name])
     path = save_atomically(
         runner,
         out_dir,
-        f"iter_{iters}.pth",
+        name,
         meta=dict(epoch=epoch, iter=iters),
         by_epoch=False,
         backend_args=getattr(hook, "backend_args", None),
