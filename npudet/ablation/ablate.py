@@ -30,7 +30,7 @@ from mmengine.utils import import_modules_from_strings
 
 from npudet.engine.cli import fail, run_checks
 from npudet.engine.preflight import PreflightError, check_data, check_msda
-from npudet.ops.msda.bench.conditions import LOAD_MARGIN, STARVED_FACTOR, Recorder
+from npudet.ops.msda.bench.conditions import RULE, Recorder
 from npudet.ops.msda.bench.provenance import provenance
 from npudet.utils import current_device_type
 from npudet.utils.device import SIMULATED_NPU_NOTE, simulated_npu
@@ -151,9 +151,7 @@ def ablate(args: argparse.Namespace) -> None:
         f"CPU {machine['cpu_model']}, ATen capability {machine['aten_capability']}; commit "
         f"{source['commit'][:10]}; times are medians after "
         f"{warmup} warm-up iterations; speed-up and loss deviation vs {variants[0].label}; "
-        f"`loaded`: a run's 1-minute load average above its threads + {LOAD_MARGIN:g}, or its "
-        f"wall time above {STARVED_FACTOR:g}x its CPU time (the ratio is then shown with the "
-        "CPU-time one)"
+        f"{RULE} (shown with its CPU-time speed-up)"
         + (f"; compiled: torch.compile backend {args.compile}" if args.compile else "")
         + (f"; {SIMULATED_NPU_NOTE}" if first["device"] == "npu" and simulated_npu() else "")
         + "\n\n"
@@ -162,7 +160,7 @@ def ablate(args: argparse.Namespace) -> None:
     stored = dict(
         source, config=args.config, iters=args.iters, rounds=args.rounds, warmup=warmup,
         threads=args.threads, variants=[v.label for v in variants], parts=parts, runs=runs,
-        rows=[asdict(r) for r in rows],
+        rows=[asdict(r) for r in rows], loaded_rule=RULE,
     )  # fmt: skip
     with open(os.path.join(work_dir, "ablation.json"), "w") as f:
         json.dump(stored, f, indent=1)
