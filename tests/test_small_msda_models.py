@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import pytest
+import torch
 from mmengine.config import ConfigDict
 from msda_models_util import assert_same_step, write_tiny_bert
 from plugin_util import ROOT, fake_batch, small_cfg
@@ -74,3 +75,18 @@ def test_small_grounding_dino_learns_boxes(tmp_path, bert: str) -> None:
     options = [f"model.language_model.name={bert}"]
     before, after = before_and_after(GROUNDING_DINO, tmp_path, options)
     assert after["coco/bbox_mAP"] >= max(0.05, 10 * before["coco/bbox_mAP"]), (before, after)
+
+
+def test_a_module_registered_twice_is_no_unexpected_checkpoint_entry() -> None:
+    """DDQ-DETR's decoder takes its head's auxiliary branches in training, so its checkpoints
+    hold them twice; ``tools/test.py``'s check still refuses a foreign entry."""
+    from npudet.engine.preflight import compare_state_dicts
+
+    weight = torch.rand(4, 2)
+    model = {"bbox_head.aux_reg_branches.0.weight": weight}
+    ckpt = {
+        "bbox_head.aux_reg_branches.0.weight": weight.clone(),
+        "decoder.aux_reg_branches.0.weight": weight.clone(),
+        "foreign.weight": torch.rand(4, 2),
+    }
+    assert compare_state_dicts(model, ckpt) == ([], ["foreign.weight"], [])

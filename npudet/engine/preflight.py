@@ -291,9 +291,16 @@ def load_state_dict(path: str, key: str) -> Dict[str, torch.Tensor]:
 def compare_state_dicts(
     model: Dict[str, torch.Tensor], ckpt: Dict[str, torch.Tensor]
 ) -> Tuple[List[str], List[str], List[str]]:
-    """(missing from checkpoint, unexpected in checkpoint, shape mismatches)."""
+    """(missing from checkpoint, unexpected in checkpoint, shape mismatches). An unexpected
+    entry equal to an expected one is a module registered twice, not counted: DDQ-DETR's
+    decoder takes its head's auxiliary branches during training."""
     missing = [k for k in model if k not in ckpt]
-    unexpected = [k for k in ckpt if k not in model]
+    expected = [v for k, v in ckpt.items() if k in model]
+    unexpected = [
+        k
+        for k, v in ckpt.items()
+        if k not in model and not any(e.shape == v.shape and torch.equal(e, v) for e in expected)
+    ]
     mismatched = [
         f"{k} {tuple(ckpt[k].shape)} vs model {tuple(v.shape)}"
         for k, v in model.items()
