@@ -217,6 +217,7 @@ def test_parse_variants_per_layer():
     assert variants == [Variant("grid_sample", "grid_sample"), Variant("cpu", "grid_sample")]
     assert variants[1].label == "cpu/grid_sample" and variants[1].dirname == "cpu__grid_sample"
     assert variants[1].msda_cfg() == dict(impl="cpu", encoder="cpu", decoder="grid_sample")
+    assert variants[0].msda_cfg() == dict(impl=variants[0].encoder)  # any model, one part or two
     for bad in ("cpu,cpu", "cpu/", "a/b/c", ""):
         with pytest.raises(ValueError, match="--impls"):
             parse_variants(bad)

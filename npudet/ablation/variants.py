@@ -26,7 +26,11 @@ class Variant:
         return self.label.replace("/", "__")
 
     def msda_cfg(self) -> Dict[str, str]:
-        """The ``model.msda`` config value that selects this variant."""
+        """The ``model.msda`` config value that selects this variant: ``impl`` alone when
+        both parts agree (a model with one MSDA part, e.g. Mask2Former's pixel decoder, has
+        no ``decoder`` to name), else ``impl`` with the per-part overrides."""
+        if self.encoder == self.decoder:
+            return dict(impl=self.encoder)
         return dict(impl=self.encoder, encoder=self.encoder, decoder=self.decoder)
 
 
