@@ -34,7 +34,7 @@ INDUCTOR = dict(backend="inductor", options=dict(fallback_random=True))
     [
         # 2-6 minutes each on 2 cores with a cold inductor cache (ddetr/cpu: 292 s in a fresh
         # clone), so all run with -m slow; the default run compiles a training through
-        # tools/train.py --compile (test_train_tool_compile) and the layers (below).
+        # tools/train.py --compile eager (test_train_tool_compile) and the layers (below).
         pytest.param("ddetr", "cpu", marks=pytest.mark.slow),
         pytest.param("ddetr", "gather", marks=pytest.mark.slow),
         pytest.param("dino", "cpu", marks=pytest.mark.slow),
@@ -101,14 +101,26 @@ def test_msda_layers_compile_without_graph_breaks(model, impl):
     torch._dynamo.reset()
 
 
-def test_train_tool_compile(tiny_shapes, tmp_path):
-    """``tools/train.py --compile``: trains an epoch with the forward compiled, evaluates,
-    saves a checkpoint and writes graph_breaks.json (none inside the MSDA op / layers)."""
+@pytest.mark.parametrize(
+    "backend",
+    [
+        # inductor's code generation for the whole detector: 290 s on 2 cores with a cold
+        # cache (a fresh clone), so slow; dynamo's eager backend captures the same graphs
+        # and breaks
+        pytest.param("inductor", marks=pytest.mark.slow),
+        "eager",
+    ],
+)
+def test_train_tool_compile(tiny_shapes, tmp_path, backend):
+    """``tools/train.py --compile BACKEND``: trains an epoch with the forward compiled,
+    evaluates, saves a checkpoint and writes graph_breaks.json (none inside the MSDA op /
+    layers)."""
     work = tmp_path / "compiled"
     proc = train_tool(
         tiny_shapes,
         work,
         "--compile",
+        backend,
         "--msda-impl",
         "cpu",
         options=["train_dataloader.batch_size=2"],
@@ -116,11 +128,11 @@ def test_train_tool_compile(tiny_shapes, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (report_path,) = work.glob("*/graph_breaks.json")
     report = json.loads(report_path.read_text())
-    assert report["options"]["backend"] == "inductor"
+    assert report["options"]["backend"] == backend
     assert report["total"] > 0 and report["in_msda"] == 0, report
     assert (work / "epoch_1.pth").is_file()
     log = next(work.glob("*/*.log")).read_text()
-    assert "torch.compile(backend='inductor'" in log and "0 inside the MSDA op / layers" in log
+    assert f"torch.compile(backend='{backend}'" in log and "0 inside the MSDA op / layers" in log
 
 
 def test_compile_setting_routed_to_the_hook():
