@@ -65,10 +65,11 @@ def test_small_grounding_dino_same_step(bert: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_small_ddq_detr_learns_boxes(tmp_path) -> None:
-    """The untrained model (seed 0) scores bbox mAP 0.000 on the 200 val images; the bar is
-    not yet set from a finished run of the schedule."""
+    """The untrained model (seed 0) scores bbox mAP 0.000 on the 200 val images; trained for
+    the config's 4 epochs with ``cpu`` it scored 0.871 (AP50 0.951; 24 min on 2 cores), so the
+    bar of 0.5 leaves room for another CPU's round-off and still needs a model that learned."""
     before, after = before_and_after(DDQ, tmp_path)
-    assert after["coco/bbox_mAP"] >= max(0.05, 10 * before["coco/bbox_mAP"]), (before, after)
+    assert after["coco/bbox_mAP"] >= max(0.5, 10 * before["coco/bbox_mAP"]), (before, after)
 
 
 @pytest.mark.slow
