@@ -75,9 +75,11 @@ def test_small_ddq_detr_learns_boxes(tmp_path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_small_grounding_dino_learns_boxes(tmp_path, bert: str) -> None:
+    """Untrained (seed 0): bbox mAP 0.000; trained for the config's 4 epochs with ``cpu``,
+    prompted with the class names: 0.713 (AP50 0.780; 26 min on 2 cores); bar 0.4."""
     options = [f"model.language_model.name={bert}"]
     before, after = before_and_after(GROUNDING_DINO, tmp_path, options)
-    assert after["coco/bbox_mAP"] >= max(0.05, 10 * before["coco/bbox_mAP"]), (before, after)
+    assert after["coco/bbox_mAP"] >= max(0.4, 10 * before["coco/bbox_mAP"]), (before, after)
 
 
 def test_a_module_registered_twice_is_no_unexpected_checkpoint_entry() -> None:
