@@ -1,11 +1,12 @@
 """The simulated NPU (``ops/npu_sim``) in tests: in this process, or in child processes.
 
 ``simulated_npu`` (a fixture) loads it here the way ``NPUDET_SIMULATED_NPU=1`` does in a new
-process, and hides it again afterwards: ``torch.npu.is_available()`` turns False and
-``torch_npu`` / ``mx_driving`` stop importing, so later tests see a machine without an NPU.
-PyTorch cannot unregister a backend, so ``torch.npu`` itself stays. mmengine decides once, at
-its import, whether an NPU exists; the fixture imports it first so that answer stays "no" for
-the rest of the session (runs that must see the NPU through mmengine are child processes).
+process, and hides it again afterwards: with the variable unset ``torch.npu.is_available()``
+turns False, and ``torch_npu`` / ``mx_driving`` stop importing, so later tests see a machine
+without an NPU. PyTorch cannot unregister a backend, so ``torch.npu`` itself stays. mmengine
+decides once, at its import, whether an NPU exists; the fixture imports it first so that answer
+stays "no" for the rest of the session (runs that must see the NPU through mmengine are child
+processes).
 
 ``npu_env`` is the environment of such a child: the variable alone, as a user sets it; the
 ``.pth`` line that ``tools/setup.sh`` writes does the rest.
@@ -37,17 +38,16 @@ def preload() -> None:
     """Register the simulated device in this process now, hidden until ``simulated_npu``.
 
     Autograd sizes its per-device queues at the process's first backward; a device type
-    registered after that cannot run one (an internal assert in the engine). Where
-    ``NPUDET_SIMULATED_NPU=1`` is set, torch already loaded it at import, visible.
+    registered after that cannot run one (an internal assert in the engine). The device is
+    hidden while the variable is unset. Where ``NPUDET_SIMULATED_NPU=1`` is set, torch already
+    loaded it at import, visible.
     """
     if os.environ.get(ENV) == "1":
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(SIM_PATH))
-        import npudet_npu_sim
         import torch_npu  # noqa: F401  (loads the device, as importing torch_npu does)
 
-        npudet_npu_sim.set_visible(False)
         _unimport()
 
 
@@ -71,16 +71,13 @@ def simulated_npu(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
         import mmengine.device  # noqa: F401  (decides "no NPU" before the device appears)
     except ImportError:
         pass
-    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv(ENV, "1")  # shows the device; monkeypatch unsets it after the test
     monkeypatch.syspath_prepend(str(SIM_PATH))
-    import npudet_npu_sim
     import torch_npu
 
-    npudet_npu_sim.set_visible(True)
     _forget_packages()
     try:
         yield torch_npu
     finally:
-        npudet_npu_sim.set_visible(False)
         _unimport()
         _forget_packages()

@@ -1,9 +1,11 @@
 """Stand-in for ``torch_npu`` on the simulated NPU (npudet's ``ops/npu_sim``).
 
-Importing it loads the simulated device, as importing torch_npu loads Ascend's; torch also
-imports it at ``import torch`` through the ``torch.backends`` entry point, as it does
-torch_npu. It is on ``sys.path`` only with ``NPUDET_SIMULATED_NPU=1`` (or in npudet's test
-fixture) and refuses to load where a real torch_npu is installed.
+Importing it loads the simulated device, as importing torch_npu loads Ascend's: ``npu`` is
+what torch serves as ``torch.npu``, ``optim`` holds the fused optimizers' names, and
+``_simulation`` (no part of torch_npu's API) builds and loads the native device and registers
+``npu`` with torch. torch also imports it at ``import torch`` through the ``torch.backends``
+entry point, as it does torch_npu. It is on ``sys.path`` only with ``NPUDET_SIMULATED_NPU=1``
+(or in npudet's test fixture) and refuses to load where a real torch_npu is installed.
 """
 
 from __future__ import annotations
@@ -31,11 +33,10 @@ if _real:
         "NPU refuses to stand in for it. Unset NPUDET_SIMULATED_NPU to use the real one."
     )
 
-import npudet_npu_sim  # noqa: E402
-
-npudet_npu_sim.load()
-
 from . import npu, optim  # noqa: E402,F401
+from ._simulation import load  # noqa: E402
+
+load(npu)
 
 __version__ = "0+npudet.simulated"
 

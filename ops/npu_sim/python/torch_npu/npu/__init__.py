@@ -14,12 +14,14 @@ from collections import namedtuple
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional, Union
 
-import npudet_npu_sim
 import torch
 
 from . import amp, config, utils  # noqa: F401  (torch.npu.amp, .config, .utils)
 
 native_device = "npu"  # mmengine maps 'npu' to this name in BaseModel.to
+DEVICE_NAME = "Simulated Ascend NPU (npudet: PrivateUse1 on host memory, CPU arithmetic)"
+# The opt-in that put this stand-in on sys.path; the device answers only while it is set.
+SIMULATED_NPU_ENV = "NPUDET_SIMULATED_NPU"
 DeviceLike = Union[None, int, str, torch.device]
 _compile_mode = {"jit_compile": False}
 
@@ -42,8 +44,9 @@ def _index(device: DeviceLike) -> int:
 
 
 def is_available() -> bool:
-    """True while the simulation is loaded and not hidden by the tests' fixture."""
-    return npudet_npu_sim.visible()
+    """True while ``NPUDET_SIMULATED_NPU=1``: the tests' fixture sets it around a test, and
+    the device, which torch cannot unregister, is hidden again once it is unset."""
+    return os.environ.get(SIMULATED_NPU_ENV) == "1"
 
 
 def device_count() -> int:
@@ -101,12 +104,12 @@ def _is_in_bad_fork() -> bool:
 
 def get_device_name(device: DeviceLike = None) -> str:
     _index(device)
-    return npudet_npu_sim.DEVICE_NAME
+    return DEVICE_NAME
 
 
 def get_device_properties(device: DeviceLike = None) -> _DeviceProperties:
     _index(device)
-    return _DeviceProperties(npudet_npu_sim.DEVICE_NAME, mem_get_info()[1], 20, 40)
+    return _DeviceProperties(DEVICE_NAME, mem_get_info()[1], 20, 40)
 
 
 def get_amp_supported_dtype() -> List[torch.dtype]:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).resolve().parents[2] / "npu_sim.cpp"
-NAME = "npudet_npu_sim"
+# ops/npu_sim/npu_sim.cpp, from ops/npu_sim/python/torch_npu/_simulation/build.py.
+SOURCE = Path(__file__).resolve().parents[3] / "npu_sim.cpp"
+NAME = "npudet_npu_sim"  # the library's name (TORCH_EXTENSION_NAME), not a Python module
 
 
 def _cache_root() -> Path:
