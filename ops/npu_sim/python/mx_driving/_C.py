@@ -23,6 +23,9 @@ MAX_EMBED = 256  # "The number of embedding dimensions should be less than or eq
 MAX_LEVELS_X_POINTS = 64
 MAX_HEADS = 8  # DrivingSDK's documentation
 EMBED_MULTIPLE = 8  # DrivingSDK's documentation
+# The dtypes each binding takes for the shapes and start index (strings of the shipped _C).
+FORWARD_INDEX_DTYPES = (torch.int32,)
+BACKWARD_INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -55,7 +58,7 @@ def _check(
     for name, tensor in named.items():
         if tensor.device.type != "npu":
             raise RuntimeError(f"{UNDOCUMENTED}: {name} must be an NPU tensor, got {tensor.device}")
-    wanted = "int32" if index_dtypes == (torch.int32,) else "int32 or int64"
+    wanted = " or ".join(str(dtype).removeprefix("torch.") for dtype in index_dtypes)
     for name in ("value_spatial_shapes", "value_level_start_index"):
         if named[name].dtype not in index_dtypes:
             raise RuntimeError(
@@ -126,43 +129,29 @@ def _reference(
 
 def multi_scale_deformable_attn(
     value: torch.Tensor,
-    value_spatial_shapes: torch.Tensor,
-    value_level_start_index: torch.Tensor,
-    sampling_locations: torch.Tensor,
-    attention_weights: torch.Tensor,
+    shapes: torch.Tensor,
+    starts: torch.Tensor,
+    locations: torch.Tensor,
+    weights: torch.Tensor,
 ) -> torch.Tensor:
     """Forward binding: int32 shapes / start index, float32 contiguous NPU tensors."""
-    _check(
-        value,
-        value_spatial_shapes,
-        value_level_start_index,
-        sampling_locations,
-        attention_weights,
-        (torch.int32,),
-    )
+    _check(value, shapes, starts, locations, weights, FORWARD_INDEX_DTYPES)
     with torch.no_grad():
-        return _reference(value, value_spatial_shapes, sampling_locations, attention_weights)
+        return _reference(value, shapes, locations, weights)
 
 
 def multi_scale_deformable_attn_backward(
     value: torch.Tensor,
-    value_spatial_shapes: torch.Tensor,
-    value_level_start_index: torch.Tensor,
-    sampling_locations: torch.Tensor,
-    attention_weights: torch.Tensor,
+    shapes: torch.Tensor,
+    starts: torch.Tensor,
+    locations: torch.Tensor,
+    weights: torch.Tensor,
     grad_output: torch.Tensor,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward binding (int32 or int64 shapes): grads of value, locations, weights."""
-    _check(
-        value,
-        value_spatial_shapes,
-        value_level_start_index,
-        sampling_locations,
-        attention_weights,
-        (torch.int32, torch.int64),
-    )
-    inputs = [t.detach().requires_grad_() for t in (value, sampling_locations, attention_weights)]
+    _check(value, shapes, starts, locations, weights, BACKWARD_INDEX_DTYPES)
+    inputs = [t.detach().requires_grad_() for t in (value, locations, weights)]
     with torch.enable_grad():
-        out = _reference(inputs[0], value_spatial_shapes, inputs[1], inputs[2])
+        out = _reference(inputs[0], shapes, inputs[1], inputs[2])
     grads = torch.autograd.grad(out, inputs, grad_output.contiguous())
     return grads[0], grads[1], grads[2]
