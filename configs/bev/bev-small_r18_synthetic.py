@@ -13,7 +13,6 @@
 # rising (results/bev/heading_ray_w2_e8_match_no_heading took 98 min on one thread, sharing
 # the 2 cores with two other trainings).
 _base_ = ['../_base_/default_runtime.py']
-custom_imports = dict(imports=['npudet.plugin'], allow_failed_imports=False)
 
 classes = ('car', 'truck', 'pedestrian')
 pc_range = [-25.0, -25.0, -2.0, 25.0, 25.0, 4.0]
@@ -156,10 +155,7 @@ optim_wrapper = dict(
     paramwise_cfg=dict(custom_keys={'sampling_offsets': dict(lr_mult=0.1)}))
 
 max_epochs = 8
-train_cfg = dict(
-    type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=max_epochs)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=50),
     dict(
@@ -170,13 +166,7 @@ param_scheduler = [
         begin=0,
         end=max_epochs)
 ]
-default_hooks = dict(
-    logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=1),
-    # `tools/test.py CONFIG CKPT --show-dir DIR`: per sample the BEV plane and the 6 cameras
-    visualization=dict(type='BEVVisualizationHook'))
+# `tools/test.py CONFIG CKPT --show-dir DIR`: per sample the BEV plane and the 6 cameras
+default_hooks = dict(visualization=dict(type='BEVVisualizationHook'))
 # mmdet's visualizer draws 2D images; this one the BEV plane (metres) and the cameras
 visualizer = dict(type='BEVLocalVisualizer', bev_range=pc_range[3], grid_step=5.0)
-log_processor = dict(window_size=20)
-randomness = dict(seed=0)
-env_cfg = dict(dist_cfg=dict(backend='gloo'))

@@ -2,9 +2,8 @@
 # from scratch on CPU: ResNet-18 at half width, 128-d transformer, 3+3 layers, 50 queries.
 # The model mirrors mmdet's deformable-detr-refine-twostage_r50_16xb2-50e_coco.py.
 _base_ = [
-    '../_base_/datasets/shapes_detection.py', '../_base_/default_runtime.py'
+    '../_base_/datasets/shapes_detection.py', '../_base_/shapes_runtime.py'
 ]
-custom_imports = dict(imports=['npudet.plugin'], allow_failed_imports=False)
 
 embed_dims = 128
 ffn_dims = 512
@@ -102,10 +101,7 @@ optim_wrapper = dict(
 
 # 4 x 250 iterations of batch 4 on the 1000 train images: ~11 min on 2 idle cores.
 max_epochs = 4
-train_cfg = dict(
-    type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=max_epochs)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=100),
     dict(
@@ -116,16 +112,3 @@ param_scheduler = [
         milestones=[max_epochs - 1],
         gamma=0.1)
 ]
-auto_scale_lr = dict(base_batch_size=4)
-
-default_hooks = dict(
-    logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=1))
-custom_hooks = [
-    dict(type='EvalProgressHook'),
-    dict(type='CocoSummaryHook'),
-    dict(type='RNGStateHook'),
-]
-log_processor = dict(window_size=20)
-randomness = dict(seed=0)
-env_cfg = dict(dist_cfg=dict(backend='gloo'))

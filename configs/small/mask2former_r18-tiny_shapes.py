@@ -6,9 +6,8 @@
 # 256x256 for the COCO evaluation. The model mirrors mmdet's
 # mask2former_r50_8xb2-lsj-50e_coco.py.
 _base_ = [
-    '../_base_/datasets/shapes_instance.py', '../_base_/default_runtime.py'
+    '../_base_/datasets/shapes_instance.py', '../_base_/shapes_runtime.py'
 ]
-custom_imports = dict(imports=['npudet.plugin'], allow_failed_imports=False)
 
 image_size = 128
 train_pipeline = [
@@ -178,23 +177,7 @@ optim_wrapper = dict(
 
 # 2 x 250 iterations of batch 4 on the 1000 train images, at a constant rate after warm-up
 max_epochs = 2
-train_cfg = dict(
-    type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=max_epochs)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
+train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=100)
 ]
-auto_scale_lr = dict(base_batch_size=4)
-
-default_hooks = dict(
-    logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='CheckpointHook', interval=1, max_keep_ckpts=1))
-custom_hooks = [
-    dict(type='EvalProgressHook'),
-    dict(type='CocoSummaryHook'),
-    dict(type='RNGStateHook'),
-]
-log_processor = dict(window_size=20)
-randomness = dict(seed=0)
-env_cfg = dict(dist_cfg=dict(backend='gloo'))
