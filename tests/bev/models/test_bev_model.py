@@ -168,7 +168,7 @@ def test_bev_configs_build(name: str) -> None:
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     cfg = Config.fromfile(os.path.join(root, "configs", "bev", name))
     assert cfg.model.type == "BEVFormer" and cfg.model.msda.impl == "auto"
     assert cfg.model.use_temporal is True and cfg.train_dataloader.dataset.queue_length >= 2

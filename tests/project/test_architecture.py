@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from openmmlab_util import without_openmmlab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MAX_MODULES = 14
 SIMULATED_NPU = ROOT / "ops" / "npu_sim" / "python"
 
