@@ -14,9 +14,11 @@ import pytest
 import torch
 
 # pytest's default import mode (prepend) puts this folder on sys.path before it imports this
-# rootdir conftest, so the tests' helper modules (msda_util, bev_util, ...) import as is.
+# rootdir conftest, so the helper modules kept here, the ones tests of several folders share
+# (msda_util, bev_util, ...), import as is; a helper of one folder's tests sits beside them
+# (tests/README.md).
 from msda_util import DEVICE, DEVICE_ENV, EXERCISED, PROPERTY_SEED
-from npu_sim_util import preload, simulated_npu  # noqa: F401  (the fixture, for every test module)
+from npu_sim_util import preload
 
 from npudet.utils.environment import device_problem
 

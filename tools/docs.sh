@@ -2,7 +2,7 @@
 # The documentation site (docs/, mkdocs.yml): MkDocs + Material, from the `dev` extra.
 #   bash tools/docs.sh                      # serve at http://127.0.0.1:8000 with live reload
 #   bash tools/docs.sh serve -a 0.0.0.0:8000   # mkdocs serve's own options
-#   bash tools/docs.sh build [-d DIR]       # the strict build tests/test_docs.py runs (site/ by default)
+#   bash tools/docs.sh build [-d DIR]       # the strict build tests/project/test_docs.py runs (site/ by default)
 # Nothing is fetched: no remote fonts, no plugin that downloads.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

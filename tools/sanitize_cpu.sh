@@ -28,4 +28,4 @@ assert lib.sanitized(), 'the cpu kernel that loaded is not the sanitized build'
 print(f'[sanitize_cpu] testing the sanitized {lib.isa()} build: {lib.require()}')
 "
 LD_PRELOAD="$asan:$ubsan" exec .venv/bin/python -m pytest -q -p no:cacheprovider \
-  tests/test_msda_parity.py tests/test_msda_property.py -k "cpu or auto" "$@"
+  tests/ops/msda/backends/test_msda_parity.py tests/ops/msda/test_msda_property.py -k "cpu or auto" "$@"

@@ -29,7 +29,7 @@ fi
 # Linalg with it (no torch, NPU or CANN needed), and ascendnpu-ir, whose bishengir-compile takes
 # that Linalg through HIVM (everything but the binary code generator hivmc, which it does not
 # ship). The triton-ascend wheel replaces the `triton` package, so it never shares .venv. A
-# failure here never stops the main setup: it prints a warning, and tests/test_triton_ascend.py
+# failure here never stops the main setup: it prints a warning, and tests/ops/msda/backends/test_triton_ascend.py
 # then fails naming the missing environment (it does not skip).
 ascend_venv="$root/.venv-ascend"
 ascend_req="triton-ascend==3.2.0"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv-torch21/ in the repository root: the oldest torch npudet supports (2.1.2, what
 # torch_npu 2.1 users have) with what the op library's tests need, and npudet itself installed
-# --no-deps. tests/test_oldest_torch.py (slow) runs the op library's parity, gradcheck and
+# --no-deps. tests/project/test_oldest_torch.py (slow) runs the op library's parity, gradcheck and
 # property tests in it.
 #   bash tools/setup_oldtorch.sh
 #   bash tools/setup_oldtorch.sh --plugin   # also mmcv 2.1.0 (built here), mmengine, mmdet

@@ -6,7 +6,7 @@
 # Everything else is mmdet's, the backbone's init_cfg included: ImageNet-pretrained
 # torchvision://resnet50, downloaded on first use, which needs torchvision (offline: a local
 # file, --cfg-options model.backbone.init_cfg.checkpoint=PATH/resnet50.pth; from scratch:
-# --cfg-options model.backbone.init_cfg=None). tests/test_shipped_configs.py holds the
+# --cfg-options model.backbone.init_cfg=None). tests/models/test_shipped_configs.py holds the
 # differences from mmdet's configs to this list.
 custom_imports = dict(imports=['npudet.plugin'], allow_failed_imports=False)
 custom_hooks = [dict(type='EvalProgressHook'), dict(type='CocoSummaryHook')]

@@ -1,7 +1,7 @@
 """The configs of the iteration benchmark: npudet's as shipped, and ``stock`` (mmdet's own).
 
 ``stock`` is mmdet + mmcv with no npudet layer: mmdet's config of the same name when mmdet
-ships one (``mmdet/.mim/configs``; tests/test_shipped_configs.py holds npudet's COCO configs
+ships one (``mmdet/.mim/configs``; tests/models/test_shipped_configs.py holds npudet's COCO configs
 to it), otherwise the config with npudet's keys taken out (``custom_imports``, ``model.msda``,
 ``custom_hooks``), loaded without importing the plugin.
 """

@@ -4,7 +4,7 @@ Both backends expose the same two classes: ``COCO`` (ground truth / results, wit
 snake-case aliases such as ``get_cat_ids``) and ``COCOeval(coco_gt, coco_dt, iou_type)`` with
 ``evaluate`` / ``accumulate`` / ``summarize`` and the 12 numbers in ``stats[:12]``.
 faster-coco-eval runs the per-image matching and the accumulation in C++; its numbers match
-pycocotools' (tests/test_coco_backend.py).
+pycocotools' (tests/evaluation/test_coco_backend.py).
 """
 
 from __future__ import annotations

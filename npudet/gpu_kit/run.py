@@ -59,7 +59,7 @@ class Part:
 
 
 # Run with NPUDET_TEST_DEVICE set to the kit's device (tests/msda_util.py).
-DEVICE_TESTS = ("tests/test_msda_int64.py", "tests/test_msda_graph_capture.py")
+DEVICE_TESTS = ("tests/ops/msda/test_msda_int64.py", "tests/ops/msda/test_msda_graph_capture.py")
 
 
 CARRY_LIMIT = 64 * 2**20  # bytes of working tree + carried paths a device run may take

@@ -4,7 +4,7 @@ Each name here is torch's own function where this torch has it (so ``torch.compi
 the very function it special-cases) and an equivalent on older releases otherwise. Version
 checks live here only: the rest of npudet imports these names instead of probing torch.
 
-Tested on torch 2.1.2 (``tests/test_oldest_torch.py``) and 2.13.0.
+Tested on torch 2.1.2 (``tests/project/test_oldest_torch.py``) and 2.13.0.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ On the CPU ``cpu`` and ``gather`` are checked like every other implementation: t
 kernel is compiled on the user's machine for its instruction set, which no test suite run
 elsewhere has seen. A process checks the one it uses per dtype: 9-16 ms for the first,
 4-6 ms for each further dtype (measured on a busy 2-core machine, the check on one
-intra-op thread; ``tests/test_msda_dispatch.py`` holds it under 50 ms). The key is worked
+intra-op thread; ``tests/ops/msda/test_msda_dispatch.py`` holds it under 50 ms). The key is worked
 out at most once per process per (implementation, device type), and only when a record
 exists: sources are hashed once per process.
 

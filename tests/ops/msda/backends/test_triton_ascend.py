@@ -31,7 +31,7 @@ from npudet.ops.msda.kernels import triton_ascend_launch, triton_launch
 
 pytest.importorskip("triton")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 ASCEND_PYTHON = os.path.join(ROOT, ".venv-ascend", "bin", "python")
 LOWERING = ascend_lowering.__file__
 # The Ascend kernels run compiled on an NPU (or a GPU), else interpreted on CPU tensors.

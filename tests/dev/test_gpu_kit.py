@@ -25,7 +25,7 @@ from npudet.ops.msda.backends import mmcv as mmcv_impl
 from npudet.ops.msda.backends import mmcv_cuda_lib
 from npudet.ops.msda.bench.cases import CASES, LARGE_CASES, make_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(hidden: Path) -> dict:

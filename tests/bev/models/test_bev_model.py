@@ -168,7 +168,7 @@ def test_bev_configs_build(name: str) -> None:
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     cfg = Config.fromfile(os.path.join(root, "configs", "bev", name))
     assert cfg.model.type == "BEVFormer" and cfg.model.msda.impl == "auto"
     assert cfg.model.use_temporal is True and cfg.train_dataloader.dataset.queue_length >= 2
@@ -181,7 +181,7 @@ def test_bev_configs_build(name: str) -> None:
     assert model.msda_impls == {"encoder": "auto", "decoder": "grid_sample"}
     assert model.bbox_head.decoder[0].cross_attn.impl == "grid_sample"
     # one training step of every shipped config, these included (finite losses, gradients
-    # at every MSDA layer): tests/test_shipped_configs.py
+    # at every MSDA layer): tests/models/test_shipped_configs.py
 
 
 def sca_test_cameras(b: int = 2, n: int = 3) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """BEVFormer-tiny at its real size (6 cameras resized to 800x450, 50x50 BEV, 900 queries)
 trains and evaluates on nuScenes-format data, along a nuScenes user's path (slow).
 
-The path: a nuScenes ``v1.0-mini`` database (tests/nuscenes_fixture.py: every table, camera
+The path: a nuScenes ``v1.0-mini`` database (tests/bev/nuscenes_fixture.py: every table, camera
 JPEGs, devkit-loadable) -> ``tools/create_nuscenes_infos.py`` -> ``tools/train.py`` with the
 shipped config, only the data roots, the pretrained backbone (no downloads), the schedule and
 the worker count overridden. One training iteration (one sample of the train scene), then the

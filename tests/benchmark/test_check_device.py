@@ -18,7 +18,7 @@ from npudet.ops.msda.checks import parity, records
 from npudet.ops.msda.registry import _REGISTRY
 from npudet.utils.device import device_name
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "check_device.py"
 
 

@@ -33,7 +33,7 @@ from npudet.ops.msda.kernels.triton_launch import (  # noqa: E402
 )
 
 MAX_REGISTERS = 128
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ~33 s per target: the default run compiles for the newest (the lent H100/H200), -m slow the rest.

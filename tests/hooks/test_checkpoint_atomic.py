@@ -77,7 +77,7 @@ print("DONE", flush=True)
 
 
 def _child(mode: str, work: Path, limit: int = 0) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests"), PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "tests", "hooks"), PYTHONWARNINGS="ignore")
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, mode, str(work), str(limit)],
         cwd=ROOT,

@@ -21,7 +21,7 @@ from npudet.ops.msda import msda_impls
 from npudet.ops.msda.bench import conditions, harness, host_cost
 from npudet.ops.msda.bench.provenance import git_commit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "benchmark_msda.py"
 ARGS = ["--cases", "ddetr-dec", "--impls", "grid_sample,cpu", "--threads", "1", "--repeat", "1"]
 

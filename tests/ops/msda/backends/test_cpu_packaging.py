@@ -21,7 +21,7 @@ import pytest
 
 from npudet.ops.msda.backends import cpu_isa
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[4]
 CHECK = Path(__file__).resolve().parent / "cpu_variant_check.py"
 # The kernel's sources: at the top-level ops/ in the sdist, inside the package in the wheel.
 SDIST_KERNEL = "ops/msda_cpu/msda_cpu.cpp"

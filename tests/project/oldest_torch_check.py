@@ -1,5 +1,5 @@
-"""Run as a script by ``.venv-torch21``'s python (``tests/test_oldest_torch.py``): what the op
-library and ``npudet.nn`` do on the oldest supported torch.
+"""Run as a script by ``.venv-torch21``'s python (``tests/project/test_oldest_torch.py``): what
+the op library and ``npudet.nn`` do on the oldest supported torch.
 
 Imports ``npudet.ops`` and ``npudet.nn``, builds the ``cpu`` kernel (its C++ autograd node
 included), runs an ``MSDeformAttn`` layer forward and backward through ``cpu`` and through

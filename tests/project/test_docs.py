@@ -21,7 +21,7 @@ from typing import Iterator, List, Set, Tuple
 import pytest
 from markdown.extensions.toc import slugify
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 

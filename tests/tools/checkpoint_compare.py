@@ -34,7 +34,7 @@ def evaluate(work: str, ckpt: str, impl: str, data: str) -> Dict[str, float]:
     ``shifted_for_test`` is registered in the tool's process by running the tool through
     ``msda_perturbed.py``.
     """
-    wrapper = [os.path.join("tests", "msda_perturbed.py")] if impl == perturbed.NAME else []
+    wrapper = [perturbed.__file__] if impl == perturbed.NAME else []
     proc = run_tool(
         [
             *wrapper,

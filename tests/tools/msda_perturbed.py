@@ -5,7 +5,7 @@ the real implementations must pass (``test_train_eval_e2e.py``).
 the normalized [0, 1] coordinates): a tenth of a pixel on the finest map of a 256-pixel
 image (stride 8, 32 columns), the size of a subtle indexing or rounding bug.
 
-    python tests/msda_perturbed.py tools/test.py CONFIG CKPT --msda-impl shifted_for_test ...
+    python tests/tools/msda_perturbed.py tools/test.py CONFIG CKPT --msda-impl shifted_for_test ...
 
 registers it in this process and then runs the tool with the rest of the arguments.
 """

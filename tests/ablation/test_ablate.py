@@ -260,11 +260,11 @@ def test_summarise_compiled_columns():
 
 
 # Two minutes on 2 cores; the default run keeps the compiled training of
-# tests/test_compile_train.py and the column's arithmetic (test_summarise_compiled_columns).
+# tests/hooks/test_compile_train.py and the column's arithmetic (test_summarise_compiled_columns).
 @pytest.mark.slow
 def test_ablate_compiled_column(tiny_shapes, tmp_path):
     """``--compile``: each variant also runs with its forward compiled (aot_eager here:
-    the inductor path is tests/test_compile_train.py's), same losses, breaks counted."""
+    the inductor path is tests/hooks/test_compile_train.py's), same losses, breaks counted."""
     work = tmp_path / "ablate"
     proc = ablate_tool(
         SMALL_DETR,

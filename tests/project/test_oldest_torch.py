@@ -21,7 +21,7 @@ from typing import List, Sequence
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OLD_VENV = ROOT / ".venv-torch21"
 OLD_PYTHON = OLD_VENV / "bin" / "python"
 SETUP = "bash tools/setup_oldtorch.sh"
@@ -31,30 +31,30 @@ CHECK = Path(__file__).resolve().parent / "oldest_torch_check.py"
 # unavailable there and triton's too (torch 2.1 pins triton 2.1). torch 2.1's dynamo cannot
 # trace the op whole: the fullgraph cases are strict xfails there (msda_util.DYNAMO_2_1).
 OP_TESTS = [
-    "tests/test_msda_dispatch.py",
-    "tests/test_msda_compile.py",
-    "tests/test_msda_parity.py",
-    "tests/test_msda_property.py",
-    "tests/test_msda_autograd_modes.py",
-    "tests/test_cpu_autograd_fallback.py",
-    "tests/test_msda_validation.py",
-    "tests/test_msda_int64.py",
-    "tests/test_msda_levels.py",
-    "tests/test_cpu_options.py",
+    "tests/ops/msda/test_msda_dispatch.py",
+    "tests/ops/msda/test_msda_compile.py",
+    "tests/ops/msda/backends/test_msda_parity.py",
+    "tests/ops/msda/test_msda_property.py",
+    "tests/ops/msda/test_msda_autograd_modes.py",
+    "tests/ops/msda/backends/test_cpu_autograd_fallback.py",
+    "tests/ops/msda/test_msda_validation.py",
+    "tests/ops/msda/test_msda_int64.py",
+    "tests/ops/msda/test_msda_levels.py",
+    "tests/ops/msda/backends/test_cpu_options.py",
 ]
 # Not run on torch 2.1: the cost bound of auto's check (50 ms), set for the torch the default
 # suite runs. torch 2.1's set_num_threads, which the check calls twice, costs about 17 ms a call
 # on the loaded 2-core machine (profiled; under 1 ms on 2.13), so the check takes 50-130 ms.
-OP_DESELECT = ["tests/test_msda_dispatch.py::test_check_on_cpu_costs_under_50ms"]
+OP_DESELECT = ["tests/ops/msda/test_msda_dispatch.py::test_check_on_cpu_costs_under_50ms"]
 # The plugin in mmdet (``--plugin`` venv): the layers found and switched in mmdet's Deformable
 # DETR, DINO and the BEV model; one training step of the small Deformable DETR and DINO through
 # cpu and through grid_sample (same losses and gradients); every shipped config builds; an
 # epoch of tools/train.py (2 iterations, evaluation, TensorBoard scalars).
 PLUGIN_TESTS = [
-    "tests/test_msda_switch.py",
-    "tests/test_msda_base.py",
-    "tests/test_configs.py",
-    "tests/test_tensorboard.py",
+    "tests/models/test_msda_switch.py",
+    "tests/nn/test_msda_base.py",
+    "tests/models/test_configs.py",
+    "tests/tools/test_tensorboard.py",
 ]
 
 
