@@ -19,9 +19,8 @@ from mmengine.config import Config
 from onnx_run_util import export_with_tool, op_types, run_onnx, spread_scores
 from plugin_util import SMALL_DETR, SMALL_DINO, build_model, tiny_config
 
-from npudet.deploy.detector import DetectorGraph, example_images
+from npudet.deploy.detector import DetectorGraph, example_images, untied
 from npudet.deploy.export import export_onnx, main
-from npudet_dev.deploy.bench import untied
 
 EXPORT = (2, 128, 160)  # batch, height, width traced
 RUNS = [(1, 96, 128), (2, 96, 128), (1, 160, 96), (2, 160, 96)]  # other sizes, batch 1 and 2

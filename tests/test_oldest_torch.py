@@ -67,9 +67,11 @@ def _old_python() -> str:
 
 
 def _env() -> dict:
-    """This checkout's npudet first on the path; no pytest state of this process."""
+    """This checkout's npudet (and npudet_dev) first on the path; no pytest state of this
+    process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    roots = [str(ROOT), str(ROOT / "dev")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*roots, env.get("PYTHONPATH")]))
     return env
 
 

@@ -45,7 +45,7 @@ from mmengine.logging import MMLogger
 from npudet.benchmark.conditions import RULE, Recorder, mark, record_reasons
 from npudet.benchmark.harness import machine_info
 from npudet.benchmark.provenance import git_commit
-from npudet.deploy.detector import DetectorGraph, example_images
+from npudet.deploy.detector import DetectorGraph, example_images, untied
 from npudet.deploy.ort_custom_ops import ort_library, ort_session
 from npudet.models.detectors import apply_msda_cfg
 from npudet.utils.pretrained import drop_pretrained
@@ -71,9 +71,8 @@ EXPORTS = {
 }
 EAGER_IMPL = {"eager_grid_sample": "grid_sample", "eager_cpu": "cpu"}
 # Scores (0..1) and boxes (normalised by the image size) agree within this; labels equal
-# where the score is apart from its neighbours by more than TIE (tied places may swap).
+# where the score is untied (detector.untied: tied places may swap).
 TOLERANCE = 1e-4
-TIE = 1e-6
 TRACE_BATCH = 2  # torch.export specializes a size traced at 1
 
 
@@ -320,12 +319,6 @@ def time_routes(
             **marked,
         )
     return results
-
-
-def untied(scores: np.ndarray) -> np.ndarray:
-    """(N,) True where a score (sorted descending) is apart from both neighbours."""
-    gaps = np.abs(np.diff(scores)) > TIE
-    return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))
 
 
 def compare_outputs(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> Dict[str, Any]:
