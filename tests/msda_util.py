@@ -24,7 +24,7 @@ import torch
 Inputs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 # Every implementation under test is compared with this one, run on the CPU
-# (``npudet.ops.msda.checks.parity.REFERENCE``, not imported here: see above).
+# (``npudet.ops.msda.verification.parity.REFERENCE``, not imported here: see above).
 REFERENCE = "grid_sample"
 
 DEVICE_ENV = "NPUDET_TEST_DEVICE"
@@ -96,8 +96,8 @@ def declined_reasons(impl: str, inputs: Sequence, device: str = DEVICE) -> List[
 
 
 def random_inputs(**case: object) -> Inputs:
-    """``checks.parity.small_inputs(**case)`` drawn in float32 unless ``dtype`` says."""
-    from npudet.ops.msda.checks.parity import small_inputs
+    """``verification.parity.small_inputs(**case)`` drawn in float32 unless ``dtype`` says."""
+    from npudet.ops.msda.verification.parity import small_inputs
 
     return small_inputs(**{"dtype": torch.float32, **case})
 

@@ -4,13 +4,15 @@
     python tools/benchmark_msda.py --cases ddetr-enc --threads 2 --runs 3 --json r.json
     python tools/benchmark_msda.py --host --threads 1 --runs 3
     python tools/benchmark_msda.py --host-ratio --threads 1 --repeat 400 --json r.json
+    python tools/benchmark_msda.py --cases ddetr-enc --impls grid_sample,cpu --limit  # checkout
 
-The command line of ``npudet.ops.msda.bench.harness`` (what is timed and how: its
+The command line of ``npudet.benchmark.harness`` (what is timed and how: its
 docstring). ``--runs N`` runs the whole benchmark N times in separate processes and
 reports, per cell, the median of the runs and their spread (min-max): ratios are taken
 within each run, where both sides met the same machine state, then summarised. Every case
 records its load average, CPU and wall time; a loaded one is marked ``loaded`` beside its
-CPU-time ratios (npudet.ops.msda.bench.conditions has the rule).
+CPU-time ratios (npudet.benchmark.conditions has the rule). ``--limit`` (a checkout's, with
+the project's ``npudet_dev``) times the CPU kernel's gather-only probe beside them.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from typing import List
 
 import torch
 
+from npudet.benchmark import harness, host_cost
+from npudet.benchmark.cases import parse_case
+from npudet.benchmark.conditions import RULE
+from npudet.benchmark.provenance import git_commit
 from npudet.ops.msda import msda_impls, msda_variants
-from npudet.ops.msda.bench import harness, host_cost
-from npudet.ops.msda.bench.cases import parse_case
-from npudet.ops.msda.bench.conditions import RULE
-from npudet.ops.msda.bench.provenance import git_commit
 
 
 def run_separately(argv: List[str], runs: int) -> List[dict]:
@@ -93,6 +95,12 @@ def main(argv: List[str] | None = None) -> int:
         "median and spread of each and of the per-round ratio",
     )
     parser.add_argument(
+        "--limit",
+        action="store_true",
+        help="on the CPU, also time the gather-only probe (the row-load limit: limit ms, "
+        "fwd / limit, bwd / limit); the project's npudet_dev (dev/, tools/setup.sh installs it)",
+    )
+    parser.add_argument(
         "--runs",
         type=int,
         default=1,
@@ -123,6 +131,15 @@ def main(argv: List[str] | None = None) -> int:
             parse_case(spec)
     except ValueError as exc:
         parser.error(str(exc))
+    probe, limit = None, ""
+    if args.limit:
+        try:
+            from npudet_dev.kernels import cpu_probe
+        except ImportError:
+            parser.error(
+                "--limit: needs npudet_dev (a checkout's dev/; tools/setup.sh installs it)"
+            )
+        probe, limit = cpu_probe.make_probe, cpu_probe.DESCRIPTION
     # Taken before anything is written: a result file that is tracked would mark it dirty.
     commit = git_commit()
     if args.runs > 1:
@@ -131,7 +148,9 @@ def main(argv: List[str] | None = None) -> int:
         summary = harness.summarize([p["results"] for p in payloads])
         info = payloads[0]["machine"]
         print(
-            harness.header(info, args, f"median (min-max) of {args.runs} separate runs, each the ")
+            harness.header(
+                info, args, f"median (min-max) of {args.runs} separate runs, each the ", limit
+            )
         )
         print(harness.markdown(summary, args.host))
         if args.json:
@@ -145,8 +164,8 @@ def main(argv: List[str] | None = None) -> int:
             }
             args.json.write_text(json.dumps(payload, indent=2))
         return 0
-    info, rows = harness.run(args, impls, specs)
-    print(harness.header(info, args, ""))
+    info, rows = harness.run(args, impls, specs, probe)
+    print(harness.header(info, args, "", limit))
     print(
         host_cost.ratio_markdown(rows[0]) if args.host_ratio else harness.markdown(rows, args.host)
     )

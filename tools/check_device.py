@@ -8,12 +8,12 @@ Reports the environment (packages, device, CPU), the parity of every implementat
 available on the device (edge cases, forward and the three gradients, each dtype it
 declares; each case passed, failed or declined: a declined case is not run and never counted
 as a pass) against ``grid_sample`` on the CPU, the MSDA benchmark side by side
-(``npudet.ops.msda.bench.harness``, as ``tools/benchmark_msda.py``), the Triton kernels'
+(``npudet.benchmark.harness``, as ``tools/benchmark_msda.py``), the Triton kernels'
 compile figures where the compile tool exists, and a verdict table with the recommended
 ``auto`` order. ``--save`` records the verdicts and times for ``auto``, each keyed by the
 sources, package versions and driver of the process that checked it
-(``npudet.ops.msda.checks.records``). The check itself is
-``npudet.ops.msda.bench.device_check``; parity is the engine's (``checks.parity``).
+(``npudet.ops.msda.verification.records``). The check itself is
+``npudet.benchmark.device_check``; parity is the engine's (``verification.parity``).
 
 On an accelerator each implementation's parity check, and the benchmark, run in a child
 process of their own (``--isolate``, the default there), so a kernel that crashes the
@@ -27,10 +27,10 @@ import argparse
 from pathlib import Path
 from typing import List, Optional
 
-from npudet.ops.msda.bench import device_check
-from npudet.ops.msda.bench.cases import parse_case
-from npudet.ops.msda.checks import records
+from npudet.benchmark import device_check
+from npudet.benchmark.cases import parse_case
 from npudet.ops.msda.registry import registered_impls
+from npudet.ops.msda.verification import records
 from npudet.utils.device import current_device_type
 from npudet.utils.environment import device_problem
 from npudet.utils.output_path import output_path_error

@@ -17,8 +17,8 @@ work_dir=${NPUDET_WORK_DIR:-work_dirs/main_job}
 
 "$py" - "$work_dir" "$start" <<'PY'
 import json, os, sys, time
-from npudet.ops.msda.bench.harness import machine_info
-from npudet.ops.msda.bench.provenance import git_commit
+from npudet.benchmark.harness import machine_info
+from npudet.benchmark.provenance import git_commit
 
 work_dir, start = sys.argv[1], int(sys.argv[2])
 bbox = json.load(open(os.path.join(work_dir, "coco_bbox_val.json")))["bbox"]

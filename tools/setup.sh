@@ -11,7 +11,7 @@ py="$venv/bin/python"
 torch_req="${NPUDET_TORCH:-torch==2.13.0}"
 
 stamp_key() {
-  cat pyproject.toml setup.py tools/setup.sh | sha256sum | cut -c1-16
+  cat pyproject.toml setup.py dev/pyproject.toml tools/setup.sh | sha256sum | cut -c1-16
 }
 
 if [ ! -x "$py" ]; then
@@ -68,7 +68,7 @@ printf '%s\n' "import os, sys; os.environ.get('NPUDET_SIMULATED_NPU') == '1' and
   >"$site_dir/npudet_simulated_npu.pth"
 
 stamp="$venv/.npudet-setup-$(stamp_key)"
-if [ -f "$stamp" ] && "$py" -c "import npudet, mmcv.ops, mmdet, torch
+if [ -f "$stamp" ] && "$py" -c "import npudet, npudet_dev, mmcv.ops, mmdet, torch
 from importlib.util import find_spec
 assert all(find_spec(m) for m in ('nuscenes', 'pyquaternion', 'sklearn', 'cachetools'))" \
   >/dev/null 2>&1; then
@@ -101,6 +101,8 @@ extras="dev,triton,coco,deploy"
 # torch 2.13 asks for setuptools >= 77.0.3.
 echo "setuptools>=77.0.3,<81" >> "$constraints"
 pip install -q -c "$constraints" -e ".[$extras]" "setuptools>=77.0.3,<81"
+# The project's own machinery (dev/README.md), beside npudet: never in npudet's wheel.
+pip install -q --no-deps --no-build-isolation -e dev
 
 # nuscenes-devkit 1.2.0 declares numpy<2 (and Shapely~=2.0.3) but the parts npudet uses (NuScenes,
 # the detection eval) work with numpy 2: install it with --no-deps plus what those parts import,

@@ -6,7 +6,7 @@ Every variant trains from the same seed and the same initial weights (built once
 ``compile`` every variant also trains with its forward under ``torch.compile`` right after
 its eager run. Variants are interleaved round by round (with ``rounds`` > 1: A B A B, not
 A A B B) and every run records its conditions (load average before and after, CPU and wall
-time of its process, threads; npudet.ops.msda.bench.conditions), so a speed-up taken while the
+time of its process, threads; npudet.benchmark.conditions), so a speed-up taken while the
 machine was loaded is marked ``loaded``. The work dir gets ``ablation.md``, ``ablation.csv``,
 ``ablation.json`` (every run's record, the machine, the commit: what the table and plots are
 drawn from), ``loss_curves.png``, ``iter_time_split.png`` (:mod:`.report`) and one folder per
@@ -28,10 +28,10 @@ from mmengine.config import Config
 from mmengine.runner import set_random_seed
 from mmengine.utils import import_modules_from_strings
 
+from npudet.benchmark.conditions import RULE, Recorder
+from npudet.benchmark.provenance import provenance
 from npudet.engine.cli import fail, run_checks
 from npudet.engine.preflight import PreflightError, check_data, check_msda
-from npudet.ops.msda.bench.conditions import RULE, Recorder
-from npudet.ops.msda.bench.provenance import provenance
 from npudet.utils import current_device_type
 from npudet.utils.device import SIMULATED_NPU_NOTE, simulated_npu
 

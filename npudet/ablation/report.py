@@ -1,6 +1,6 @@
 """Ablation records -> a table (markdown, CSV) and two plots (loss curves, time split).
 
-A speed-up whose runs were loaded (npudet.ops.msda.bench.conditions: the rule) is marked
+A speed-up whose runs were loaded (npudet.benchmark.conditions: the rule) is marked
 ``loaded`` in the table and the CSV, shown with its CPU-time ratio, and greyed in the plot.
 """
 
@@ -11,7 +11,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from npudet.ops.msda.bench.conditions import (
+from npudet.benchmark.conditions import (
     LOADED_STYLE,
     LOADED_TEXT,
     legend_handles,

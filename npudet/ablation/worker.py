@@ -33,7 +33,8 @@ from mmengine.runner import Runner
 
 from npudet.hooks.hook_types import DataBatch, Outputs
 
-from .bench_config import short_training
+# Hooks of the config that rerun MSDA or time it: a timed run brings its own timing.
+DROPPED_HOOKS = {"MSDAProfilerHook", "MSDAParityHook"}
 
 
 class LossRecorderHook(Hook):
@@ -56,7 +57,7 @@ class LossRecorderHook(Hook):
 
 class CPUTimeHook(Hook):
     """Keeps this process's CPU time (all threads) of every training iteration in ``iter_cpu_ms``:
-    beside the wall time, what tells a loaded run (npudet.ops.msda.bench.conditions)."""
+    beside the wall time, what tells a loaded run (npudet.benchmark.conditions)."""
 
     priority = "VERY_HIGH"
 
@@ -71,6 +72,27 @@ class CPUTimeHook(Hook):
         self, runner: Any, batch_idx: int, data_batch: DataBatch = None, outputs: Outputs = None
     ) -> None:
         self.iter_cpu_ms.append(1e3 * (time.process_time() - self._start))
+
+
+def short_training(cfg: Config, work_dir: str, iters: int, seed: int) -> None:
+    """Set ``cfg`` up, in place, for ``iters`` timed training iterations from ``seed``: no
+    validation, test or checkpoints, a log line per iteration, and none of the config's own
+    MSDA-timing hooks (the caller times)."""
+    cfg.work_dir = work_dir
+    cfg.resume = False
+    cfg.randomness = dict(seed=seed, deterministic=False)
+    cfg.train_cfg = dict(type="IterBasedTrainLoop", max_iters=iters, val_interval=iters + 1)
+    for key in ("val_dataloader", "val_cfg", "val_evaluator"):
+        cfg[key] = None
+    for key in ("test_dataloader", "test_cfg", "test_evaluator"):
+        cfg[key] = None
+    cfg.default_hooks = dict(cfg.get("default_hooks") or {})
+    cfg.default_hooks["checkpoint"] = None
+    cfg.default_hooks["logger"] = dict(type="LoggerHook", interval=1)
+    cfg.custom_hooks = [
+        h for h in cfg.get("custom_hooks", []) if h.get("type") not in DROPPED_HOOKS
+    ]
+    cfg.compile = None
 
 
 def ablation_config(spec: Dict[str, Any]) -> Config:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.export import Dim
@@ -24,6 +25,10 @@ from torch.export import Dim
 from npudet.models.detectors import DINO, DeformableDETR
 
 FAMILIES = (DeformableDETR, DINO)
+# Two runs of one detector (eager and exported, say) may swap the detections of places whose
+# scores tie in the top-k: they are held to agree only where a score is apart from both
+# neighbours by more than TIE.
+TIE = 1e-6
 # The smallest image side the export accepts: every level of the 64x-strided pyramid keeps at
 # least 2 cells a side (torch.export specializes a size that could be 1).
 MIN_SIDE = 65
@@ -99,3 +104,10 @@ def _to_pixels(cxcywh: Tensor, height, width) -> Tensor:
     xs = (torch.stack((x1, x2), -1) * width).clamp(min=0, max=width)
     ys = (torch.stack((y1, y2), -1) * height).clamp(min=0, max=height)
     return torch.stack((xs[..., 0], ys[..., 0], xs[..., 1], ys[..., 1]), -1)
+
+
+def untied(scores: np.ndarray) -> np.ndarray:
+    """(N,) True where a score of ``scores`` (N,), sorted descending, is apart from both
+    neighbours by more than :data:`TIE`."""
+    gaps = np.abs(np.diff(scores)) > TIE
+    return np.concatenate(([True], gaps)) & np.concatenate((gaps, [True]))

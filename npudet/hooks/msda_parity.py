@@ -5,7 +5,7 @@ On a check iteration the inputs of every MSDA call of the live batch are copied 
 it ran with and with the reference (default ``grid_sample``) from the same detached
 inputs, and both VJPs are taken with the same fixed random cotangent, so no training
 graph is kept. Errors, per output and per gradient (value, sampling_locations,
-attention_weights), as the parity engine measures them (``npudet.ops.msda.checks.parity``):
+attention_weights), as the parity engine measures them (``npudet.ops.msda.verification.parity``):
 ``abs`` = max |live - ref|, ``rel`` = abs / max(max |ref|, 1) (relative to the reference's
 scale, absolute where the reference is below 1).
 A call whose ``rel`` exceeds ``rel_threshold`` (or ``abs`` exceeds ``abs_threshold``) is
@@ -22,8 +22,8 @@ from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
-from npudet.ops.msda.checks.parity import REFERENCE, CallParity, compare_call
 from npudet.ops.msda.observe import add_observer, remove_observer
+from npudet.ops.msda.verification.parity import REFERENCE, CallParity, compare_call
 
 from .hook_types import DataBatch, Outputs
 from .msda_capture import MSDACapture

@@ -17,7 +17,7 @@ from plugin_util import ROOT, SMALL_DETR, run_tool
 from npudet.ablation import ablate as ablate_module
 from npudet.ablation.report import markdown_table, summarise, time_split_figure
 from npudet.ablation.variants import Variant, parse_variants
-from npudet.ops.msda.bench import conditions
+from npudet.benchmark import conditions
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

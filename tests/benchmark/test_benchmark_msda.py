@@ -17,9 +17,9 @@ from typing import List, Sequence
 import pytest
 from matplotlib.colors import to_hex
 
+from npudet.benchmark import conditions, harness, host_cost
+from npudet.benchmark.provenance import git_commit
 from npudet.ops.msda import msda_impls
-from npudet.ops.msda.bench import conditions, harness, host_cost
-from npudet.ops.msda.bench.provenance import git_commit
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / "tools" / "benchmark_msda.py"
@@ -75,8 +75,8 @@ def test_runs_store_commit_machine_times_and_errors(tmp_path: Path) -> None:
     assert all(isinstance(row["loaded"], bool) for row in payload["summary"])
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, TOOL.with_name(f"{name}.py"))
+def _tool(name: str, folder: Path = TOOL.parent):
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     return tool
@@ -109,8 +109,22 @@ def test_a_case_interleaves_impls_and_is_marked_loaded_under_load(
         assert row["conditions"]["load_1m"] == [3.0, 3.0]
     table = capsys.readouterr().out
     assert "| fwd+bwd CPU x |" in table and "| loaded (load 3.0 > 1 threads + 0.5" in table
+    assert "limit" not in table  # no probe asked for: no row-load limit
 
 
+@pytest.mark.dev  # npudet_dev.kernels.cpu_probe
+def test_limit_times_the_gather_probe_beside_the_impls(tmp_path, capsys) -> None:
+    """``--limit``: the project's gather-only probe, timed in the same rounds; its time and
+    each implementation's over it in the JSON and the table."""
+    out = tmp_path / "limit.json"
+    assert _tool("benchmark_msda").main([*ARGS, "--limit", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert all(row["limit_ms"] > 0 and row["fwd_x_limit"] > 0 for row in rows), rows
+    table = capsys.readouterr().out
+    assert "| limit ms |" in table and "limit = gather-only probe" in table
+
+
+@pytest.mark.dev  # dev/tools/plot_benchmark.py
 def test_plot_greys_a_loaded_row_with_its_cpu_time_ratio() -> None:
     def row(case, loaded):
         return {
@@ -121,14 +135,15 @@ def test_plot_greys_a_loaded_row_with_its_cpu_time_ratio() -> None:
             "loaded": loaded,
         }
 
-    fig = _tool("plot_benchmark").figure([row("a", True), row("b", False)], "t", ["fwd_bwd_x"])
+    plot = _tool("plot_benchmark", ROOT / "dev" / "tools")
+    fig = plot.figure([row("a", True), row("b", False)], "t", ["fwd_bwd_x"])
     ax = fig.axes[0]
     colours = [to_hex(bar.get_facecolor()) for bar in ax.patches]
     assert colours[0] == conditions.LOADED_STYLE["facecolor"] != colours[1]
     assert [t.get_text() for t in ax.texts] == ["loaded\nCPU 2.0x"]
     assert to_hex(ax.texts[0].get_color()) == conditions.LOADED_TEXT
     assert "grey: loaded" in fig._suptitle.get_text()
-    stored = _tool("plot_benchmark").figure(
+    stored = plot.figure(
         [{k: v for k, v in row("a", False).items() if k != "loaded"}], "t", ["fwd_bwd_x"]
     )
     assert "load not recorded" in stored._suptitle.get_text()

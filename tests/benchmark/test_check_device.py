@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from npudet.benchmark import device_check
 from npudet.ops.msda import MSDAImpl, get_impl
-from npudet.ops.msda.bench import device_check
-from npudet.ops.msda.checks import parity, records
 from npudet.ops.msda.registry import _REGISTRY
+from npudet.ops.msda.verification import parity, records
 from npudet.utils.device import device_name
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ import pytest  # noqa: E402
 from msda_models_util import msda_layers, write_tiny_bert  # noqa: E402
 from plugin_util import ROOT  # noqa: E402
 
-from npudet.ops.msda.bench import device_check  # noqa: E402
-from npudet.ops.msda.bench.cases import parse_case  # noqa: E402
+from npudet.benchmark import device_check  # noqa: E402
+from npudet.benchmark.cases import parse_case  # noqa: E402
 
 # registered model type -> (the name check_device reports, shipped config, {part: case})
 MODELS = {

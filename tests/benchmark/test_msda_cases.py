@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from npudet.ops.msda.bench.cases import CASES, LARGE_CASES, make_inputs, parse_case
-from npudet.ops.msda.bench.device_check import FAST_CASES, FULL_CASES
-from npudet.ops.msda.bench.harness import DEFAULT_CASES
+from npudet.benchmark.cases import CASES, LARGE_CASES, make_inputs, parse_case
+from npudet.benchmark.device_check import FAST_CASES, FULL_CASES
+from npudet.benchmark.harness import DEFAULT_CASES
 
 
 @pytest.mark.parametrize("name", sorted(LARGE_CASES))

@@ -28,8 +28,8 @@ from onnx_run_util import export_with_tool, op_types, run_onnx, spread_scores
 from plugin_util import ROOT, build_model
 
 from npudet.bev.models.temporal_self_attention import ego_motion
-from npudet.deploy.bench import untied
 from npudet.deploy.bev_graph import BEVGraph
+from npudet.deploy.detector import untied
 
 BEV_CONFIG = os.path.join(ROOT, "configs/bev/bev-small_r18_synthetic.py")
 EXPORT = (2, 96, 160)  # batch, height, width traced

@@ -19,8 +19,7 @@ from mmengine.config import Config
 from onnx_run_util import export_with_tool, op_types, run_onnx, spread_scores
 from plugin_util import SMALL_DETR, SMALL_DINO, build_model, tiny_config
 
-from npudet.deploy.bench import untied
-from npudet.deploy.detector import DetectorGraph, example_images
+from npudet.deploy.detector import DetectorGraph, example_images, untied
 from npudet.deploy.export import export_onnx, main
 
 EXPORT = (2, 128, 160)  # batch, height, width traced

@@ -9,14 +9,18 @@ import os
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from mmengine.config import Config
 from mmengine.optim import OptimWrapper
 from plugin_util import ROOT, SMALL_DETR, build_model
 from pycocotools import mask as mask_utils
 
-from npudet.ablation.bench_data import use_coco_images, write_coco_images
-from npudet.ablation.time_split import TimeSplitHook
+from npudet_dev.ablation.bench_data import use_coco_images, write_coco_images
+from npudet_dev.ablation.time_split import TimeSplitHook
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
 
 M2F = os.path.join(ROOT, "configs", "mask2former", "mask2former_r50_8xb2-lsj-50e_coco.py")
 SMALL_M2F = os.path.join(ROOT, "configs", "small", "mask2former_r18-tiny_shapes.py")

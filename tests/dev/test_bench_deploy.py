@@ -1,4 +1,4 @@
-"""``tools/bench_deploy.py``: the routes' latency side by side, and each route's outputs
+"""``dev/tools/bench_deploy.py``: the routes' latency side by side, and each route's outputs
 checked against eager ``grid_sample``'s.
 
 The tool runs on a Deformable DETR of the small config with 1 encoder and 2 decoder layers
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from plugin_util import SMALL_DETR, run_tool, tiny_config
 
-from npudet.deploy.bench import (
+from npudet.benchmark import conditions
+from npudet_dev.deploy.bench import (
     REFERENCE,
     TimedRoute,
     bench_model,
@@ -28,8 +29,10 @@ from npudet.deploy.bench import (
     speedups,
     time_routes,
 )
-from npudet.deploy.bench_report import goal_line, markdown, model_table, read_result
-from npudet.ops.msda.bench import conditions
+from npudet_dev.deploy.bench_report import goal_line, markdown, model_table, read_result
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
 
 ROUTES = ["eager_grid_sample", "eager_cpu", "ort_npudet"]
 RUNS = 2
@@ -43,7 +46,7 @@ def bench(tmp_path_factory):
     config = tiny_config(tmp, SMALL_DETR)
     out = tmp / "speed.json"
     done = run_tool(
-        ["tools/bench_deploy.py", "--models", f"{config}@{HEIGHT}x{WIDTH}",
+        ["dev/tools/bench_deploy.py", "--models", f"{config}@{HEIGHT}x{WIDTH}",
          "--routes", ",".join(ROUTES), "--runs", str(RUNS), "--warmup", "1", "--threads", "1",
          "--json", str(out), "--work-dir", str(tmp / "work")]
     )  # fmt: skip

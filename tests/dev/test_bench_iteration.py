@@ -1,4 +1,4 @@
-"""tools/bench_iteration.py on the small DINO at 160x160: stock mmdet + mmcv against npudet.
+"""dev/tools/bench_iteration.py on the small DINO at 160x160: stock mmdet + mmcv against npudet.
 
 Three runs (``stock``, ``grid_sample``, ``cpu``), 2 iterations each, every one in its own
 process. The JSON must hold every run's per-iteration losses, times and time split, its
@@ -22,7 +22,8 @@ import pytest
 from matplotlib.colors import to_hex
 from plugin_util import ROOT, run_tool
 
-from npudet.ablation.iteration_bench import (
+from npudet.benchmark import conditions
+from npudet_dev.ablation.iteration_bench import (
     LOSS_RTOLS,
     bench_iteration,
     goals,
@@ -30,15 +31,17 @@ from npudet.ablation.iteration_bench import (
     run_order,
     summarise,
 )
-from npudet.ablation.iteration_report import (
+from npudet_dev.ablation.iteration_report import (
     matching_lines,
     term_deviations,
     term_lines,
     time_split_figure,
 )
-from npudet.ablation.roundoff_control import parse_run_name
-from npudet.ablation.time_split import PHASES
-from npudet.ops.msda.bench import conditions
+from npudet_dev.ablation.roundoff_control import parse_run_name
+from npudet_dev.ablation.time_split import PHASES
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
 
 CONFIG = os.path.join(ROOT, "configs", "small", "dino-4scale_r18-tiny_shapes.py")
 IMPLS = ("stock", "grid_sample", "cpu")
@@ -52,7 +55,7 @@ def test_bench_iteration_small_dino(tmp_path) -> None:
     out = tmp_path / "bench.json"
     proc = run_tool(
         [
-            "tools/bench_iteration.py",
+            "dev/tools/bench_iteration.py",
             CONFIG,
             "--impls",
             ",".join(IMPLS),
@@ -266,7 +269,7 @@ def test_ulp_control_moves_mmcv_locations_and_output_by_one_ulp_and_undoes(monke
     import torch
     from mmcv.ops import multi_scale_deform_attn as mmcv_msda
 
-    from npudet.ablation.roundoff_control import perturb_mmcv_output
+    from npudet_dev.ablation.roundoff_control import perturb_mmcv_output
 
     seen = {}
     fixed = torch.rand(1, 7, 16) + 0.5

@@ -1,4 +1,4 @@
-"""The iteration benchmark's Hungarian matching recorder (npudet.ablation.matching): it records
+"""The iteration benchmark's Hungarian matching recorder (npudet_dev.ablation.matching): it records
 every assignment, breaks exact or near ties the reference run's way and keeps its own
 matching where the reference's costs more than round-off."""
 
@@ -11,7 +11,10 @@ import torch
 from mmdet.models.task_modules.assigners import HungarianAssigner
 from mmengine.structures import InstanceData
 
-from npudet.ablation.matching import TIE_RTOL, MatchingRecorder, assignment_cost, pairs_of
+from npudet_dev.ablation.matching import TIE_RTOL, MatchingRecorder, assignment_cost, pairs_of
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
 
 META = {"img_shape": (100, 100)}
 GT = InstanceData(

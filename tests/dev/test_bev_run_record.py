@@ -1,4 +1,4 @@
-"""npudet.bev.run_record: a BEV training run's stored record, from a work dir's logs."""
+"""npudet_dev.bev_run_record: a BEV training run's stored record, from a work dir's logs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import os
 import pytest
 
 from npudet.bev.evaluation.center_distance import TP_METRICS
-from npudet.bev.run_record import read_run, store_run
+from npudet_dev.bev_run_record import read_run, store_run
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
 
 CLASSES = ("car", "pedestrian")
 

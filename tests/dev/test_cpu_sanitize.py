@@ -1,6 +1,6 @@
 """The CPU kernel under AddressSanitizer and UndefinedBehaviorSanitizer (slow: its own build).
 
-``tools/sanitize_cpu.sh`` builds the kernel with ``NPUDET_CPU_SANITIZE=1`` and runs the parity
+``dev/tools/sanitize_cpu.sh`` builds the kernel with ``NPUDET_CPU_SANITIZE=1`` and runs the parity
 and property tests of ``cpu`` (and ``auto``, which takes it) with the ASan runtime preloaded;
 any sanitizer report aborts the run.
 """
@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -21,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_parity_and_property_tests_run_clean_under_sanitizers():
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     result = subprocess.run(
-        ["bash", str(ROOT / "tools" / "sanitize_cpu.sh"), "-x"],
+        ["bash", str(ROOT / "dev" / "tools" / "sanitize_cpu.sh"), "-x"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -1,4 +1,4 @@
-"""The GPU kit (tools/gpu_kit.py, npudet.gpu_kit): its CPU dry run end to end, the mmcv
+"""The GPU kit (dev/tools/gpu_kit.py, npudet_dev.gpu_kit): its CPU dry run end to end, the mmcv
 bundle and build recipe, the report's goals, and that it needs no OpenMMLab package."""
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ import pytest
 import torch
 from openmmlab_util import without_openmmlab
 
-from npudet.gpu_kit import child, ddetr, report
-from npudet.gpu_kit import run as kit_run
+from npudet.benchmark.cases import CASES, LARGE_CASES, make_inputs
 from npudet.ops.msda import get_impl, msda_impls
 from npudet.ops.msda.backends import mmcv as mmcv_impl
 from npudet.ops.msda.backends import mmcv_cuda_lib
-from npudet.ops.msda.bench.cases import CASES, LARGE_CASES, make_inputs
+from npudet_dev.gpu_kit import child, ddetr, report
+from npudet_dev.gpu_kit import run as kit_run
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +45,7 @@ def dry_run(tmp_path_factory):
     mmcv, mmdet and mmengine hidden, as on the GPU machine."""
     out = tmp_path_factory.mktemp("gpu_kit")
     env = _env(tmp_path_factory.mktemp("no_openmmlab"))
-    cmd = [sys.executable, str(ROOT / "tools" / "gpu_kit.py"), "run", "--device", "cpu"]
+    cmd = [sys.executable, str(ROOT / "dev" / "tools" / "gpu_kit.py"), "run", "--device", "cpu"]
     cmd += ["--dry-run", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -250,7 +253,7 @@ def test_extract_sources_takes_only_the_named_members(tmp_path):
 
 
 def test_bundle_from_mmcv_sdist_fits_the_carry_limit(tmp_path):
-    """The real bundle: mmcv 2.1.0's sdist (kept by ``tools/gpu_kit.py bundle``, else
+    """The real bundle: mmcv 2.1.0's sdist (kept by ``dev/tools/gpu_kit.py bundle``, else
     downloaded by pip), its pinned hash, and what a device run sends, under 64 MiB."""
     kept = ROOT / ".gpu_kit" / "sdist" / mmcv_cuda_lib.SDIST_NAME
     try:
@@ -351,7 +354,7 @@ def test_mmcv_kernel_compiles_for_sm90(tmp_path, monkeypatch):
         pytest.skip(f"no cusparse.h: set {mmcv_cuda_lib.INCLUDE_ENV} to the nvidia headers")
     kept = ROOT / ".gpu_kit" / "sdist" / mmcv_cuda_lib.SDIST_NAME
     if not kept.is_file():
-        pytest.skip("run tools/gpu_kit.py bundle first")
+        pytest.skip("run dev/tools/gpu_kit.py bundle first")
     sources = mmcv_cuda_lib.make_bundle(tmp_path, kept)
     stub = tmp_path / "stub"
     macros = (

@@ -1,4 +1,4 @@
-"""``tools/host_cost_at.py``'s table names the checkouts whose children ran on a loaded machine
+"""``dev/tools/host_cost_at.py``'s table names the checkouts whose children ran on a loaded machine
 (their recorded conditions), and says nothing for a report stored before they were recorded."""
 
 from __future__ import annotations
@@ -8,11 +8,18 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("host_cost_at", ROOT / "tools/host_cost_at.py")
+    spec = importlib.util.spec_from_file_location(
+        "host_cost_at", ROOT / "dev/tools/host_cost_at.py"
+    )
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     return tool

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
+
 triton = pytest.importorskip("triton")
 
-from npudet.ops.msda.bench.cases import launch_shapes  # noqa: E402
-from npudet.ops.msda.checks import kernel_compile  # noqa: E402
-from npudet.ops.msda.checks.compile_table import cuda_table  # noqa: E402
+from npudet.benchmark.cases import launch_shapes  # noqa: E402
 from npudet.ops.msda.kernels.triton_launch import (  # noqa: E402
     MAX_GRID_X,
     MAX_GRID_YZ,
@@ -31,6 +32,8 @@ from npudet.ops.msda.kernels.triton_launch import (  # noqa: E402
     plan_launches,
     schedule_for,
 )
+from npudet_dev.kernels import kernel_compile  # noqa: E402
+from npudet_dev.kernels.compile_table import cuda_table  # noqa: E402
 
 MAX_REGISTERS = 128
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +64,7 @@ def test_every_planned_cuda_launch_compiles_within_limits(target):
     ]
     assert not bad, "\n".join(bad)
     # The stored report the docs quote is what this checkout compiles (same triton): a kernel
-    # or planner change must regenerate it (python tools/compile_kernels.py --json ...).
+    # or planner change must regenerate it (python dev/tools/compile_kernels.py --json ...).
     stored = json.loads(STORED.read_text())
     if stored["triton"] == triton.__version__:
         figures = ("registers", "stack_bytes", "num_warps")
@@ -91,7 +94,7 @@ def test_docs_quote_the_stored_register_tables(page, report):
     stored = json.loads((ROOT / report).read_text())
     assert stored["commit"] and stored["machine"]["cpu_model"]
     assert cuda_table(stored) in (ROOT / page).read_text(), (
-        f"{page}: paste the output of python tools/compile_kernels.py --table-of {report}"
+        f"{page}: paste the output of python dev/tools/compile_kernels.py --table-of {report}"
     )
     cuda = [r for r in stored["rows"] if r["target"] in kernel_compile.CUDA_TARGETS]
     mangled = dict(stored, rows=[dict(r, registers=r["registers"] + 1) for r in cuda])
@@ -205,7 +208,12 @@ def test_offsets_into_value_output_and_gradients_are_int64(kernel):
 
 def test_compile_kernels_tool_prints_the_table_and_writes_json(tmp_path):
     out = tmp_path / "compile.json"
-    cmd = [sys.executable, str(ROOT / "tools" / "compile_kernels.py"), "--targets", "cuda:80"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "dev" / "tools" / "compile_kernels.py"),
+        "--targets",
+        "cuda:80",
+    ]
     cmd += ["--dtypes", "float16", "--cases", "bev-tsa", "--json", str(out)]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)

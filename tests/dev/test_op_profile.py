@@ -1,5 +1,5 @@
-"""The op-level profile of a training iteration (npudet.ablation.op_profile,
-tools/profile_iteration.py).
+"""The op-level profile of a training iteration (npudet_dev.ablation.op_profile,
+dev/tools/profile_iteration.py).
 
 By default: the attribution rules on a hand-built event tree whose split is known (innermost
 scope, the MSDA layer's mixed scopes by op name, backward nodes linked by sequence number, a
@@ -21,9 +21,10 @@ import pytest
 import torch
 from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool, small_cfg
 
-from npudet.ablation.op_profile.report import markdown
-from npudet.ablation.op_profile.run import profile_iteration
-from npudet.ablation.op_profile.split import (
+from npudet.ops.msda.observe import active_observers
+from npudet_dev.ablation.op_profile.report import markdown
+from npudet_dev.ablation.op_profile.run import profile_iteration
+from npudet_dev.ablation.op_profile.split import (
     CATEGORIES,
     NODE,
     SCOPE,
@@ -33,7 +34,9 @@ from npudet.ablation.op_profile.split import (
     totals,
     transformer_rest,
 )
-from npudet.ops.msda.observe import active_observers
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
 
 MSDA_PROJECTIONS = ("msda.value_proj", "msda.offsets_proj", "msda.weights_softmax")
 
@@ -172,7 +175,7 @@ def profiled_step(path: str):
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
-    from npudet.ablation.op_profile.scopes import mark_scopes
+    from npudet_dev.ablation.op_profile.scopes import mark_scopes
 
     cfg = small_cfg(path, impl="cpu")
     cfg.model.encoder.num_layers = cfg.model.decoder.num_layers = 1
@@ -275,7 +278,7 @@ def test_profile_iteration_tool(tmp_path) -> None:
     out = tmp_path / "profile.json"
     proc = run_tool(
         [
-            "tools/profile_iteration.py",
+            "dev/tools/profile_iteration.py",
             SMALL_DETR,
             "--impl",
             "cpu",

@@ -17,7 +17,7 @@ import pytest
 import torch
 from npu_sim_util import REPO, SIM_PATH, npu_env
 
-from npudet.ops.msda.checks import parity
+from npudet.ops.msda.verification import parity
 
 PY = sys.executable
 
@@ -198,7 +198,7 @@ def test_mx_driving_double_binding_checks(simulated_npu):
 def test_auto_on_npu_walks_the_npu_list_verifies_and_records(simulated_npu, tmp_path, monkeypatch):
     from npudet.ops import multi_scale_deformable_attn
     from npudet.ops.msda import auto
-    from npudet.ops.msda.checks import records
+    from npudet.ops.msda.verification import records
 
     monkeypatch.setenv("NPUDET_VERIFY_FILE", str(tmp_path / "verified.json"))
     auto.reset()

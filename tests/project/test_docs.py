@@ -1,10 +1,10 @@
 """The documentation: README.md and the MkDocs site in docs/ (mkdocs.yml).
 
 The site builds with warnings as errors (``mkdocs build --strict``: broken links, anchors and
-nav entries, docstring problems) without fetching anything; every relative link of README.md
-and docs/ resolves (anchors into Markdown pages included); every ``tools/...``,
-``configs/...`` and ``tests/...`` path a page names exists; the README stays short (<= 16 KB),
-with the two commands in its first 40 lines.
+nav entries, docstring problems) without fetching anything; every relative link of README.md,
+dev/README.md and docs/ resolves (anchors into Markdown pages included); every ``tools/...``,
+``dev/tools/...``, ``configs/...`` and ``tests/...`` path a page names exists; the README stays
+short (<= 16 KB), with the two commands in its first 40 lines.
 """
 
 from __future__ import annotations
@@ -27,14 +27,17 @@ DOCS = ROOT / "docs"
 
 # ](target) of a Markdown link or image; src="..." of an HTML image.
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)|<img [^>]*src=\"(?P<src>[^\"]+)\"")
-# A repository path a page names: tools/x.py, configs/small/y.py, tests/test_z.py, with
-# shell-style braces and globs (configs/small/*, deformable-detr{,-refine}_...).
-NAMED_PATH = re.compile(r"(?<![\w./$<-])((?:tools|configs|tests)/[\w.*{},/-]*)")
+# A repository path a page names: tools/x.py, dev/tools/x.py, configs/small/y.py,
+# tests/test_z.py, with shell-style braces and globs (configs/small/*,
+# deformable-detr{,-refine}_...).
+NAMED_PATH = re.compile(
+    r"(?<![\w./$<-])((?:dev/tools|dev/npudet_dev|tools|configs|tests)/[\w.*{},/-]*)"
+)
 FENCE = re.compile(r"^(```|~~~)")
 
 
 def pages() -> List[Path]:
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    return [README, ROOT / "dev" / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def links(path: Path) -> Iterator[Tuple[int, str]]:
@@ -141,8 +144,9 @@ def test_expand_braces(text, expected):
     assert expand_braces(text) == expected
 
 
+@pytest.mark.dev
 def test_plot_benchmark_draws_both_json_kinds(tmp_path):
-    """tools/plot_benchmark.py, which draws the speed-up plots the Performance page shows."""
+    """dev/tools/plot_benchmark.py, which draws the speed-up plots the Performance page shows."""
     row = {"fwd_x": 2.0, "bwd_x": 0.5, "fwd_bwd_x": 1.2, "queued_x": 1.1, "kernel_x": 3.0}
     rows = [
         {"case": "a", "impl": "grid_sample", **dict.fromkeys(row, 1.0)},
@@ -156,7 +160,12 @@ def test_plot_benchmark_draws_both_json_kinds(tmp_path):
     for source, panels in ((bench, []), (check, ["--panels", "fwd_bwd_x,kernel_x"])):
         out = tmp_path / f"{source.stem}.png"
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "tools" / "plot_benchmark.py"), str(source), str(out)]
+            [
+                sys.executable,
+                str(ROOT / "dev" / "tools" / "plot_benchmark.py"),
+                str(source),
+                str(out),
+            ]
             + panels,
             capture_output=True,
             text=True,

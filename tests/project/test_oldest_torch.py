@@ -1,6 +1,6 @@
 """npudet on the oldest supported torch, 2.1.2 (slow: its own venv).
 
-``.venv-torch21`` (``bash tools/setup_oldtorch.sh``) holds torch 2.1.2 and npudet. Its python
+``.venv-torch21`` (``bash dev/tools/setup_oldtorch.sh``) holds torch 2.1.2 and npudet. Its python
 runs ``oldest_torch_check.py`` (imports, the ``cpu`` kernel built with its C++ autograd node,
 an ``MSDeformAttn`` layer through ``cpu`` against ``grid_sample``, the fake kernels), then the
 op library's parity, gradcheck, property, autograd-mode, dispatch and compile tests, and, with
@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 OLD_VENV = ROOT / ".venv-torch21"
 OLD_PYTHON = OLD_VENV / "bin" / "python"
-SETUP = "bash tools/setup_oldtorch.sh"
+SETUP = "bash dev/tools/setup_oldtorch.sh"
 OLDEST_TORCH = "2.1."
 CHECK = Path(__file__).resolve().parent / "oldest_torch_check.py"
 # The op library's tests that need torch only (no OpenMMLab); mmcv's route reports itself
@@ -67,9 +67,11 @@ def _old_python() -> str:
 
 
 def _env() -> dict:
-    """This checkout's npudet first on the path; no pytest state of this process."""
+    """This checkout's npudet (and npudet_dev) first on the path; no pytest state of this
+    process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    roots = [str(ROOT), str(ROOT / "dev")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*roots, env.get("PYTHONPATH")]))
     return env
 
 

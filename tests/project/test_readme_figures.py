@@ -62,10 +62,13 @@ def test_the_check_fails_a_row_without_its_file(row, fails):
     assert bool(unbacked([row])) is fails
 
 
+@pytest.mark.dev  # dev/tools/host_cost_at.py
 def test_the_host_cost_table_in_the_docs_is_the_stored_file():
-    """docs/ops/index.md quotes ``tools/host_cost_at.py --table-of`` of the stored report,
+    """docs/ops/index.md quotes ``dev/tools/host_cost_at.py --table-of`` of the stored report,
     whose two commits are named and whose "before" precedes the call plans."""
-    spec = importlib.util.spec_from_file_location("host_cost_at", ROOT / "tools/host_cost_at.py")
+    spec = importlib.util.spec_from_file_location(
+        "host_cost_at", ROOT / "dev/tools/host_cost_at.py"
+    )
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     report = json.loads((ROOT / "results" / "host_cost_before_after.json").read_text())

@@ -12,20 +12,20 @@ deterministic backward on the device (``MSDAImpl.DETERMINISTIC``) are taken.
 
 The first time ``auto`` would hand a call on (device, dtype) to an implementation, it asks
 ``verdict``: "" (trusted) or why not. The device is the one the inputs are on (its index), named
-by its model and capability (``checks.device_identity``: ``"NVIDIA H100 80GB HBM3 (sm_90)"``),
+by its model and capability (``verification.device_identity``: ``"NVIDIA H100 80GB HBM3 (sm_90)"``),
 so a check made on one GPU model is not trusted for another in the same machine. The answer
 comes from, in order:
 
 1. this process's earlier verdict for (device, implementation, dtype);
 2. a record written by ``tools/check_device.py --save`` for this device model
-   (``checks.records``), if it is current: its key (``records.fingerprint``) must equal this
+   (``verification.records``), if it is current: its key (``records.fingerprint``) must equal this
    process's. The key holds everything that changes the answer: a hash of the sources the
    implementation runs (its modules, the C++ kernel, the Triton kernels and launch
    planners), the CPU kernel's instruction-set variant, the torch / triton / triton-ascend /
    mmcv / mx_driving / torch_npu versions and the device's driver (the device's model and
    capability are in the file's device key). A stale record is ignored with one log line
    naming what changed, and the implementation is checked again;
-3. ``checks.parity.check_impl``: one small call (``parity.PROBE_CASE``: bs 2, levels 6x4 and
+3. ``verification.parity.check_impl``: one small call (``parity.PROBE_CASE``: bs 2, levels 6x4 and
    3x2, 32 queries, 4 heads, head_dim 32, 4 points, some points off the map), forward and
    the gradients of value, locations and weights, against ``grid_sample`` computed in
    float64 on the CPU from the same (dtype-rounded) inputs, run on the inputs' device.
@@ -66,10 +66,10 @@ from torch.utils._python_dispatch import _disable_current_modes
 from npudet.utils.torch_compat import assume_constant_result, is_compiling
 
 from . import call_plan
-from .checks import parity, records
-from .checks.records import DType, Record, current_device_name, dtype_name
 from .inputs import MSDAInputs
 from .registry import MSDAImpl, get_impl, msda_impls, registered_impls
+from .verification import parity, records
+from .verification.records import DType, Record, current_device_name, dtype_name
 
 logger = logging.getLogger("npudet")
 

@@ -34,7 +34,7 @@ class MSDAImpl:
     # None by default: atomic adds (mmcv, triton) or an undocumented vendor kernel.
     DETERMINISTIC: Sequence[str] = ()
     # Files it runs besides the modules of its classes (subclasses add theirs: every class
-    # of the MRO counts), hashed into the key of a recorded verification (checks.records).
+    # of the MRO counts), hashed into the key of a recorded verification (verification.records).
     # Paths relative to the ``npudet/ops/msda`` package; ``native:PATH`` is relative to the
     # native source root (the top-level ``ops/``); a trailing ``/`` takes every file of that
     # folder; ``env:NAME`` is the file the environment variable names (a library built on

@@ -1,5 +1,5 @@
 """Temporal self-attention: the ego-motion alignment of the previous BEV, the no-history
-switch, and tools/bev_temporal_ablation.py end to end on a tiny set."""
+switch, and dev/tools/bev_temporal_ablation.py end to end on a tiny set."""
 
 from __future__ import annotations
 
@@ -177,6 +177,7 @@ def test_bad_switch_and_unaligned_history_refused() -> None:
         enc(feats, torch.eye(4).expand(1, 2, 4, 4), (32, 48), prev_bev=torch.zeros(1, 64, 32))
 
 
+@pytest.mark.dev
 @pytest.mark.timeout(300)
 def test_temporal_ablation_tool_tiny(tmp_path) -> None:
     """One command trains the small BEV config with and without history (1 epoch of 2
@@ -196,7 +197,7 @@ def test_temporal_ablation_tool_tiny(tmp_path) -> None:
     ]
     proc = run_tool(
         [
-            "tools/bev_temporal_ablation.py",
+            "dev/tools/bev_temporal_ablation.py",
             f"{ROOT}/configs/bev/bev-small_r18_synthetic.py",
             "--work-dir",
             str(work),
@@ -229,10 +230,11 @@ def test_temporal_ablation_tool_tiny(tmp_path) -> None:
         assert dumped["no_history"][key].dataset.queue_length == 1
 
 
+@pytest.mark.dev
 def test_temporal_ablation_refuses_a_config_without_history(tmp_path) -> None:
     proc = run_tool(
         [
-            "tools/bev_temporal_ablation.py",
+            "dev/tools/bev_temporal_ablation.py",
             os.path.join(ROOT, "configs", "bev", "bev-small_r18_synthetic.py"),
             "--work-dir",
             str(tmp_path / "w"),

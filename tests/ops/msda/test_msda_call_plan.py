@@ -17,8 +17,8 @@ from plugin_util import SMALL_DETR, data_options, run_tool
 import npudet.ops.msda.api as api
 from npudet.ops import multi_scale_deformable_attn, prepare
 from npudet.ops.msda import auto, call_plan, get_impl, registry
-from npudet.ops.msda.checks import parity
 from npudet.ops.msda.observe import MSDAObserver, observing
+from npudet.ops.msda.verification import parity
 from npudet.utils.device import device_name
 
 CPU = device_name("cpu")  # auto's verdicts are keyed by the device model

@@ -15,9 +15,9 @@ import torch
 from msda_util import random_inputs
 
 from npudet.ops.msda import MSDAInputs, auto, select_impl, validate_inputs
-from npudet.ops.msda.checks import parity, records
-from npudet.ops.msda.checks.device_identity import DeviceDescriptor, describe, identity
-from npudet.ops.msda.checks.records import Record
+from npudet.ops.msda.verification import parity, records
+from npudet.ops.msda.verification.device_identity import DeviceDescriptor, describe, identity
+from npudet.ops.msda.verification.records import Record
 from npudet.utils.device import device_name
 
 H100 = DeviceDescriptor("cuda", "NVIDIA H100 80GB HBM3", "sm_90")

@@ -35,8 +35,8 @@ from npudet.ops.msda import (
 )
 from npudet.ops.msda.backends import mmcv as mmcv_impl
 from npudet.ops.msda.backends.gather import msda_gather
-from npudet.ops.msda.checks import parity, records
-from npudet.ops.msda.checks.records import Record
+from npudet.ops.msda.verification import parity, records
+from npudet.ops.msda.verification.records import Record
 
 aten = torch.ops.aten
 VARIANTS = ["cpu_atomic", "cpu_corner", "cpu_headmajor", "cpu_noprefetch", "cpu_owner"]

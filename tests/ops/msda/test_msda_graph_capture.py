@@ -6,7 +6,7 @@ warm-up call, calls read no device tensor back (tensors on ``meta`` under a disp
 that records host reads, as in test_msda_dispatch.py) and never run verification. On CUDA
 (``NPUDET_TEST_DEVICE=cuda``) the real thing: a ``torch.cuda.CUDAGraph`` of ``auto``'s
 forward, and ``torch.compile(mode="reduce-overhead")`` of a Deformable DETR encoder layer
-(``npudet.gpu_kit.ddetr`` on ``npudet.nn.MSDeformAttn``), forward and backward, against
+(``npudet_dev.gpu_kit.ddetr`` on ``npudet.nn.MSDeformAttn``), forward and backward, against
 eager; on the CPU that layer compiles in inductor's default mode, against eager.
 """
 
@@ -19,7 +19,7 @@ from test_msda_dispatch import HostReads
 
 from npudet.ops import multi_scale_deformable_attn, prepare
 from npudet.ops.msda import auto
-from npudet.ops.msda.checks import parity
+from npudet.ops.msda.verification import parity
 
 
 def _no_check(*args, **kwargs):
@@ -79,7 +79,7 @@ def test_compiled_encoder_layer_matches_eager():
     """One graph (fullgraph) of a Deformable DETR encoder layer with ``auto``'s MSDA, forward
     and backward, against eager: with CUDA graphs (``reduce-overhead``) on CUDA, inductor's
     default mode elsewhere."""
-    from npudet.gpu_kit import ddetr
+    from npudet_dev.gpu_kit import ddetr
 
     if DEVICE == "cuda":
         device, mode, image, dim = "cuda", "reduce-overhead", (256, 384), 256

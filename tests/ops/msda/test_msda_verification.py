@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from npudet.ops.msda import auto, get_impl, msda_impls, registered_impls
-from npudet.ops.msda.checks import parity, records
-from npudet.ops.msda.checks.records import Record
+from npudet.ops.msda.verification import parity, records
+from npudet.ops.msda.verification.records import Record
 from npudet.utils.device import device_name
 
 

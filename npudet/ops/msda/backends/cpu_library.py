@@ -31,7 +31,7 @@ from .first_order import first_order
 
 # NPUDET_CPU_SANITIZE=1 builds the libraries with AddressSanitizer and UndefinedBehaviorSanitizer
 # (builds of their own). Python is not built with them: the process must start with the ASan
-# runtime preloaded, as tools/sanitize_cpu.sh does.
+# runtime preloaded, as dev/tools/sanitize_cpu.sh does.
 SANITIZE_ENV = "NPUDET_CPU_SANITIZE"
 SANITIZE_FLAGS = [
     "-fsanitize=address,undefined",

@@ -8,8 +8,8 @@ mmcv_msda_lib.cpp``, which registers it as ``torch.ops.npudet_mmcv.ms_deform_att
 only, so any Python can load it (``torch.ops.load_library``); it must be built against the
 torch that loads it, so it is built where it runs (the GPU machine has nvcc).
 
-    python tools/gpu_kit.py bundle    # here: pip downloads the sdist, sources -> .gpu_kit
-    python tools/gpu_kit.py build --build-dir B [--arch 90 --compile-only]   # where it runs
+    python dev/tools/gpu_kit.py bundle    # here: pip downloads the sdist, sources -> .gpu_kit
+    python dev/tools/gpu_kit.py build --build-dir B [--arch 90 --compile-only]   # where it runs
 
 ``NPUDET_MMCV_CUDA_LIB=<path of the .so>`` makes the ``mmcv`` implementation use it where
 mmcv's own compiled ops are absent (``mmcv_impl``).

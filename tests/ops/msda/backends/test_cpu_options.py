@@ -13,7 +13,6 @@ from msda_util import random_inputs, reference, run
 from npudet.ops import msda_impls
 from npudet.ops.msda.backends import cpu_library
 from npudet.ops.msda.backends.cpu_options import DEFAULT_PRIVATE_BUDGET_BYTES, CPUKernelOptions
-from npudet.ops.msda.checks import cpu_probe
 
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="no C++ compiler here")
 
@@ -166,7 +165,10 @@ def test_half_precision_backward(dtype):
         torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * scale)
 
 
+@pytest.mark.dev  # npudet_dev.kernels.cpu_probe
 def test_probe_reads_the_corner_rows_of_each_sample():
+    from npudet_dev.kernels import cpu_probe
+
     spatial = torch.tensor([[4, 4]])
     starts = torch.tensor([0])
     value = torch.arange(1 * 16 * 2 * 3, dtype=torch.float32).view(1, 16, 2, 3)

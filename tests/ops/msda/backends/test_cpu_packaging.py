@@ -27,6 +27,27 @@ CHECK = Path(__file__).resolve().parent / "cpu_variant_check.py"
 SDIST_KERNEL = "ops/msda_cpu/msda_cpu.cpp"
 KERNEL = "npudet/_native/msda_cpu/msda_cpu.cpp"
 NATIVE = ("msda_cpu/msda_cpu_ops.cpp", "msda_cpu/msda_cpu_autograd.cpp", "msda_cpu/msda_cpu.h")
+# The project's own machinery (dev/: npudet_dev), by package and by the names its modules had
+# in npudet: none of it ships.
+PROJECT_ONLY = (
+    "npudet_dev",
+    "gpu_kit",
+    "kernel_compile",
+    "compile_table",
+    "ascend_lowering",
+    "cpu_probe",
+    "deploy/bench",
+    "ort_profile",
+    "bench_config",
+    "bench_data",
+    "iteration_",
+    "op_profile",
+    "bev_temporal",
+    "time_split",
+    "roundoff_control",
+    "ablation/matching",
+    "run_record",
+)
 
 
 def _copy_checkout(dest: Path) -> Path:
@@ -35,7 +56,7 @@ def _copy_checkout(dest: Path) -> Path:
     for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy2(REPO / name, dest / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for folder in ("npudet", "ops"):
+    for folder in ("npudet", "ops", "dev"):
         shutil.copytree(REPO / folder, dest / folder, ignore=skip)
     return dest
 
@@ -46,6 +67,8 @@ def _pip(*args: str, cwd: Path) -> None:
 
 
 def test_sdist_and_wheel_carry_the_kernel_sources(tmp_path):
+    """The native sources ship (sdist: ops/, wheel: npudet/_native/), one copy each; the
+    project's own machinery (dev/) does not, though the checkout it is built from has it."""
     src = _copy_checkout(tmp_path / "src")
     code = "from setuptools.build_meta import build_sdist; print(build_sdist('sdist'))"
     built = subprocess.run(
@@ -53,7 +76,8 @@ def test_sdist_and_wheel_carry_the_kernel_sources(tmp_path):
     )
     sdist = src / "sdist" / built.stdout.strip().splitlines()[-1]
     with tarfile.open(sdist) as tar:
-        assert any(n.endswith("/" + SDIST_KERNEL) for n in tar.getnames())
+        tar_names = tar.getnames()
+    assert any(n.endswith("/" + SDIST_KERNEL) for n in tar_names)
     # A wheel built from the sdist (as pip does for a source release) carries them too.
     _pip("wheel", str(sdist), "-w", str(tmp_path / "dist"), cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("npudet-*.whl")
@@ -61,6 +85,11 @@ def test_sdist_and_wheel_carry_the_kernel_sources(tmp_path):
     assert KERNEL in names and all(f"npudet/_native/{rel}" in names for rel in NATIVE)
     # One copy of each source: none elsewhere in the wheel.
     assert [n for n in names if n.endswith("msda_cpu.cpp")] == [KERNEL]
+    # What a user imports ships; the project's own machinery does not.
+    assert "npudet/benchmark/device_check.py" in names and "npudet/ablation/ablate.py" in names
+    assert "npudet/ops/msda/verification/parity.py" in names
+    leaked = [n for n in [*names, *tar_names] if any(m in n for m in PROJECT_ONLY)]
+    assert leaked == [], leaked
 
 
 @pytest.mark.slow  # about 65 s, most of it the kernel's compile into an empty cache

@@ -18,7 +18,7 @@ from msda_util import (
 
 from npudet.ops import msda_impls
 from npudet.ops.msda import msda_variants
-from npudet.ops.msda.checks.parity import PARITY_CASES, PROBE_CASE, level_layout
+from npudet.ops.msda.verification.parity import PARITY_CASES, PROBE_CASE, level_layout
 
 # Implementations taking each dtype on the test device (NPUDET_TEST_DEVICE, cpu by default);
 # the experiment variants are held to the same parity as the public implementations.
@@ -26,7 +26,7 @@ IMPLS = candidate_impls(variants=True)
 IMPLS_F64 = candidate_impls(torch.float64, variants=True)
 IMPLS_HALF = [(i, d) for d in (torch.float16, torch.bfloat16) for i in candidate_impls(d)]
 
-# The device check's cases (``checks.parity``) but the probe (``test_msda_dispatch``) and
+# The device check's cases (``verification.parity``) but the probe (``test_msda_dispatch``) and
 # NaN locations (tested below on their own terms), and a batch of one.
 EDGE_CASES = {
     **{n: c for n, c in PARITY_CASES.items() if n != PROBE_CASE and not c.get("nan")},

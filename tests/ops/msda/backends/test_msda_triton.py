@@ -19,7 +19,7 @@ from test_msda_parity import EDGE_CASES
 
 from npudet.ops import msda_impls, multi_scale_deformable_attn
 from npudet.ops.msda import MSDAInputs, auto_order, get_impl, select_impl, validate_inputs
-from npudet.ops.msda.checks.parity import level_layout
+from npudet.ops.msda.verification.parity import level_layout
 
 pytest.importorskip("triton")
 from npudet.ops.msda.backends import triton as triton_impl  # noqa: E402

@@ -24,10 +24,13 @@ import torch
 from msda_util import DEVICE, msda, random_inputs, reference, run
 from test_msda_parity import EDGE_CASES
 
+from npudet.benchmark.cases import CASES, launch_shapes
 from npudet.ops.msda.backends import triton as triton_impl
-from npudet.ops.msda.bench.cases import CASES, launch_shapes
-from npudet.ops.msda.checks import ascend_lowering, kernel_compile
 from npudet.ops.msda.kernels import triton_ascend_launch, triton_launch
+from npudet_dev.kernels import ascend_lowering, kernel_compile
+
+# Tests of the project's own machinery (dev/).
+pytestmark = pytest.mark.dev
 
 pytest.importorskip("triton")
 
