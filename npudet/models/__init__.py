@@ -2,14 +2,18 @@
 
 Configs import it through ``custom_imports=dict(imports=['npudet.plugin'])``: mmdet's
 ``DeformableDETR``, ``DINO``, ``DDQDETR``, ``GroundingDINO``, ``Mask2Former`` and
-``Mask2FormerVideo`` names then build npudet's subclasses, which accept
-``msda=dict(impl=...)``. ``import npudet`` alone stays light (no mmdet import).
+``Mask2FormerVideo`` names then build npudet's subclasses (``npudet.models.detectors``), which
+accept ``msda=dict(impl=...)``. ``import npudet`` alone stays light (no mmdet import).
 """
 
 from .detectors import (
+    DDQDETR,
     DINO,
     MSDA_MODELS,
     DeformableDETR,
+    GroundingDINO,
+    Mask2Former,
+    Mask2FormerVideo,
     MSDAModel,
     apply_msda_cfg,
     resolve_msda_cfg,
@@ -18,10 +22,14 @@ from .detectors import (
 from .layers import MultiScaleDeformableAttention, check_impl_name, convert_msda
 
 __all__ = [
+    "DDQDETR",
     "DINO",
     "MSDA_MODELS",
     "DeformableDETR",
+    "GroundingDINO",
     "MSDAModel",
+    "Mask2Former",
+    "Mask2FormerVideo",
     "MultiScaleDeformableAttention",
     "apply_msda_cfg",
     "check_impl_name",

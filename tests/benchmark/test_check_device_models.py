@@ -43,7 +43,7 @@ MODELS = {
 
 
 def test_every_switched_model_has_its_cases() -> None:
-    from npudet.models.detectors.msda_model import MSDA_MODELS
+    from npudet.models.detectors import MSDA_MODELS
 
     assert set(MSDA_MODELS) - {"Mask2FormerVideo"} <= set(MODELS)
     for name, _, parts in MODELS.values():

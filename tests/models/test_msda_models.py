@@ -1,6 +1,6 @@
-"""The one ``model.msda`` mechanism across mmdet's MSDA models (``npudet.models.detectors
-.msda_model``): every family switched, mmdet's unchanged configs converted in place, and a new
-model switched with one call."""
+"""The one ``model.msda`` mechanism across mmdet's MSDA models (``npudet.models.detectors``):
+every family written out as a class and registered under mmdet's name, mmdet's unchanged
+configs converted in place, and a new model switched with one call."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from mmengine.config import Config
 from mmengine.model import BaseModule
 from msda_models_util import build, layer_impls, mmdet_config, record_msda
 
+import npudet.models
 from npudet.models import MSDA_MODELS, MSDAModel, MultiScaleDeformableAttention, switch_msda
 
 FAMILIES = ("DeformableDETR", "DINO", "DDQDETR", "GroundingDINO", "Mask2Former")
@@ -24,11 +25,15 @@ def test_every_family_is_switched() -> None:
     assert set(FAMILIES) - {"DeformableDETR", "DINO"} <= set(MSDA_MODELS)
     for name in (*FAMILIES, "Mask2FormerVideo"):
         cls = MODELS.get(name)
+        # the class npudet writes out (its API pages document it), not one made at run time
+        assert cls is getattr(npudet.models, name), (name, cls)
+        assert cls.__module__.startswith("npudet.models.detectors."), cls.__module__
         assert issubclass(cls, MSDAModel), name
         # mmdet's own class is a base: its isinstance checks and checkpoints hold
         mmdet_bases = [b for b in cls.__mro__ if b.__module__.startswith("mmdet.")]
         assert mmdet_bases and mmdet_bases[0].__name__ == name, cls.__mro__
         assert pickle.loads(pickle.dumps(cls)) is cls
+        assert switch_msda(name) is cls  # switching a written-out class changes nothing
 
 
 # mmdet's R50 configs, unchanged but for custom_imports (and model.msda where given): how
@@ -53,7 +58,7 @@ def test_unchanged_mmdet_config_plus_custom_imports(rel: str, impl: str, layers:
     cfg = Config.fromstring(cfg.pretty_text, ".py")
     cfg.model.backbone.init_cfg = None  # nothing downloaded
     model = build(cfg.model, init=False)
-    assert type(model).__module__ == "npudet.models.detectors.msda_model"
+    assert type(model).__module__ == "npudet.models.detectors.switched"
     impls = layer_impls(model)
     assert len(impls) == layers and set(impls.values()) == {impl or "auto"}, impls
 
@@ -130,3 +135,42 @@ def test_mmdet_train_tool(tiny_shapes: str, tmp_path) -> None:
     out = proc.stdout + proc.stderr
     assert "npudet MSDA auto on cpu float32: using" in out, out[-3000:]
     assert "coco/segm_mAP" in out, out[-3000:]
+
+
+_OVERRIDES = """
+import mmdet.registry, mmengine.registry
+from mmdet.utils import register_all_modules
+from mmengine.registry import Registry
+
+register_all_modules(init_default_scope=False)
+registries = {
+    f"{module.__name__}.{attr}": reg
+    for module in (mmdet.registry, mmengine.registry)
+    for attr, reg in vars(module).items()
+    if isinstance(reg, Registry)
+}
+before = {key: dict(reg.module_dict) for key, reg in registries.items()}
+import npudet.plugin
+for key, reg in registries.items():
+    for name, obj in reg.module_dict.items():
+        if name in before[key] and before[key][name] is not obj:
+            print(key, name)
+"""
+
+
+def test_the_plugin_docstring_lists_every_name_it_overrides() -> None:
+    """In a fresh process, every mmdet / mmengine registry entry that importing
+    ``npudet.plugin`` replaces (``force=True``) is named in the plugin's docstring, and no
+    registry but mmdet's ``MODELS`` is touched."""
+    from plugin_util import run_tool
+
+    import npudet.plugin
+
+    proc = run_tool(["-c", _OVERRIDES], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    overridden = [line.split() for line in proc.stdout.splitlines()]
+    assert {key for key, _ in overridden} == {"mmdet.registry.MODELS"}, overridden
+    names = {name for _, name in overridden}
+    assert names == {"DeformableDETR", "DINO", *MSDA_MODELS}, names
+    missing = [name for name in names if f"``{name}``" not in npudet.plugin.__doc__]
+    assert not missing, missing

@@ -4,10 +4,10 @@ mmdet builds mmcv's ``MultiScaleDeformableAttention`` straight from ``mmcv.ops``
 transformer layers, with no registry in between. So npudet does not touch how a model is
 built: :class:`MSDAModel` lets mmdet's constructor build it exactly as stock, then converts
 every mmcv MSDA layer in place and sets its implementation from ``msda``
-(:func:`~.msda_config.apply_msda_cfg`). :func:`switch_msda` puts that in front of a class
-registered in mmdet's ``MODELS`` and re-registers the result under the same name, so an
-unchanged mmdet config builds it once ``npudet.plugin`` is imported. A new mmdet model on
-MSDA needs one line (a name in :data:`MSDA_MODELS`, or ``switch_msda('Name')``).
+(:func:`~.msda_config.apply_msda_cfg`). npudet's detectors put it first among their bases
+and register under mmdet's names (``deformable_detr.py``, ``dino.py``, ``switched.py``), so an
+unchanged mmdet config builds them once ``npudet.plugin`` is imported. :func:`switch_msda`
+does the same at run time for a model npudet does not list (a user's own, or mmdet's next).
 """
 
 from __future__ import annotations
@@ -36,10 +36,21 @@ class MSDAModel:
 def switch_msda(name: str, registry: Registry = MODELS) -> type:
     """Make the model class registered as ``name`` in ``registry`` accept ``model.msda``.
 
-    Registers ``type(name, (MSDAModel, registered class), {})`` under ``name`` (``force``),
-    so configs naming ``type=name`` build it; parameters, checkpoints and mmdet's
-    ``isinstance`` checks are the base class's. Returns the class; a class already switched
-    is returned as is. The class is an attribute of this module, so it pickles.
+    For a model npudet does not list (its own are classes in this package): registers
+    ``type(name, (MSDAModel, registered class), {})`` under ``name`` (``force``), so configs
+    naming ``type=name`` build it; parameters, checkpoints and ``isinstance`` checks are the
+    base class's. Returns the class; a class already switched is returned as is. Call it
+    after the class is registered, before the model is built.
+
+    Example:
+        ```python
+        @MODELS.register_module()
+        class MyDetector(BaseDetector): ...  # builds mmcv's MultiScaleDeformableAttention
+        switch_msda("MyDetector")  # dict(type="MyDetector", msda=dict(impl="cpu")) now builds
+        ```
+
+    Raises:
+        ValueError: nothing is registered as ``name``.
     """
     base = registry.get(name)
     if base is None:
@@ -56,19 +67,7 @@ def switch_msda(name: str, registry: Registry = MODELS) -> type:
         },
     )
     registry.register_module(name=name, module=cls, force=True)
+    # pickle finds a class by module and name: a class made at run time pickles (whole-model
+    # saves, spawned workers) only as an attribute of the module it names, this one.
     setattr(sys.modules[__name__], name, cls)
     return cls
-
-
-# mmdet 3.3 models whose transformers use mmcv's MSDA and need nothing but the switch (the
-# parts each converts: docs/user-guide/configs.md). DeformableDETR and DINO have their own
-# subclasses (export path), in deformable_detr.py / dino.py.
-MSDA_MODELS = (
-    "DDQDETR",  # encoder, decoder
-    "GroundingDINO",  # encoder (image layers; its text layers are not MSDA), decoder
-    "Mask2Former",  # encoder: the pixel decoder's (panoptic_head.pixel_decoder.encoder)
-    "Mask2FormerVideo",  # the same pixel decoder, per video frame
-)
-
-for _name in MSDA_MODELS:
-    switch_msda(_name)
