@@ -58,7 +58,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
 @pytest.fixture(autouse=True)
 def _fresh_call_plans():
     """Each test decides its MSDA calls afresh: many patch what ``auto`` decides on
-    (priority lists, verdicts, the loaded kernel), which a kept plan would not see."""
+    (priority lists, trust decisions, the loaded kernel), which a kept plan would not see."""
     from npudet.ops.msda import call_plan
 
     call_plan.clear()

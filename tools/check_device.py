@@ -9,9 +9,9 @@ available on the device (edge cases, forward and the three gradients, each dtype
 declares; each case passed, failed or declined: a declined case is not run and never counted
 as a pass) against ``grid_sample`` on the CPU, the MSDA benchmark side by side
 (``npudet.benchmark.harness``, as ``tools/benchmark_msda.py``), the Triton kernels'
-compile figures where the compile tool exists, and a verdict table with the recommended
-``auto`` order. ``--save`` records the verdicts and times for ``auto``, each keyed by the
-sources, package versions and driver of the process that checked it
+compile figures where the compile tool exists, and a summary table with the recommended
+``auto`` order. ``--save`` records which are correct, and their times, for ``auto``, each
+keyed by the sources, package versions and driver of the process that checked it
 (``npudet.ops.msda.verification.records``). The check itself is
 ``npudet.benchmark.device_check``; parity is the engine's (``verification.parity``).
 
@@ -41,7 +41,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="cpu, cuda or npu (default: this machine's)")
     parser.add_argument("--json", type=Path, default=None, help="write the full report here")
-    parser.add_argument("--save", action="store_true", help="record verdicts for impl='auto'")
+    parser.add_argument("--save", action="store_true", help="record the results for impl='auto'")
     parser.add_argument(
         "--fast", action="store_true", help="one small benchmark case, 1 round, no compile figures"
     )

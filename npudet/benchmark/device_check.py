@@ -4,7 +4,7 @@ implementations are correct and fast on this machine's device.
 Parity of every implementation available on the device through the parity engine
 (``verification.parity.check_parity``: every dtype it declares, each case passed, failed or
 declined), the benchmark side by side (``harness.run_case``), the Triton kernels' compile
-figures (``dev/tools/compile_kernels.py``, in a child process), a verdict table with the
+figures (``dev/tools/compile_kernels.py``, in a child process), a summary table with the
 recommended ``auto`` order, and the records ``auto`` reads (``verification.records``, ``--save``).
 With ``isolate`` each implementation's parity, and the benchmark, run in a child process
 of the tool (``--child``), so a kernel that crashes the process or poisons the device
@@ -207,8 +207,9 @@ def compile_figures(device: str, script: Path) -> dict:
     return {"available": True, "note": note, "result": result, "table": proc.stdout}
 
 
-def verdicts(parity_rows: List[dict], bench: dict) -> Dict[str, object]:
-    """impl x dtype table (correct?, fwd+bwd ms, speed-up) and the recommended auto order."""
+def summarize(parity_rows: List[dict], bench: dict) -> Dict[str, object]:
+    """The summary: impl x dtype table (correct?, fwd+bwd ms, speed-up) and the recommended
+    auto order."""
     primary = bench["cases"][0] if bench["cases"] else None
     times = {r["impl"]: r["fwd_bwd_ms"] for r in bench["rows"] if r["case"] == primary}
     base = times.get(BASELINE)
@@ -235,15 +236,15 @@ def verdicts(parity_rows: List[dict], bench: dict) -> Dict[str, object]:
     return {"case": primary, "table": table, "recommended_auto_order": order}
 
 
-def verdict_lines(verdict: dict) -> List[str]:
-    """The verdict table: correct only where every case run passed; declined cases counted
+def summary_lines(summary: dict) -> List[str]:
+    """The summary table: correct only where every case run passed; declined cases counted
     apart (they were not run)."""
     lines = [
-        f"| impl | dtype | correct | cases | fwd+bwd ms ({verdict['case']}) | x {BASELINE} "
+        f"| impl | dtype | correct | cases | fwd+bwd ms ({summary['case']}) | x {BASELINE} "
         "| error |",
         "|---|---|---|---|---:|---:|---|",
     ]
-    for r in verdict["table"]:
+    for r in summary["table"]:
         ms = f"{r['fwd_bwd_ms']:.2f}" if r["fwd_bwd_ms"] is not None else "-"
         speed = f"{r['speedup']:.1f}" if r["speedup"] is not None else "-"
         correct = "yes" if r["correct"] else "NO"
@@ -251,13 +252,14 @@ def verdict_lines(verdict: dict) -> List[str]:
             f"| {r['impl']} | {r['dtype']} | {correct} | {r['cases']} | {ms} | {speed} "
             f"| {r['error'][:120]} |"
         )
-    lines.append(f"recommended auto order: {', '.join(verdict['recommended_auto_order']) or '-'}")
+    lines.append(f"recommended auto order: {', '.join(summary['recommended_auto_order']) or '-'}")
     return lines
 
 
-def save(device: str, verdict: dict) -> str:
-    """Record every checked (impl, dtype) verdict, with its time, for ``auto``, keyed by
-    the fingerprint of the process that checked it (this one's where none came back)."""
+def save(device: str, summary: dict) -> str:
+    """Record every checked (impl, dtype) of ``summary`` (correct or not, with its time) for
+    ``auto``, keyed by the fingerprint of the process that checked it (this one's where none
+    came back)."""
     rows = [
         records.Record(
             impl=r["impl"],
@@ -268,7 +270,7 @@ def save(device: str, verdict: dict) -> str:
             case=r["case"],
             key=r.get("key"),
         )
-        for r in verdict["table"]
+        for r in summary["table"]
     ]
     device_type, _, index = device.partition(":")
     # The device's model and capability (verification.device_identity), as ``auto`` looks it up.
@@ -315,22 +317,22 @@ def run(tool: Path, args: argparse.Namespace) -> int:
         compiled = compile_figures(args.device, COMPILE_TOOL)
     phases["compile"] = round(max(0.0, time.perf_counter() - start - sum(phases.values())), 1)
     # The compile tool prints its full table, a blank line, then the per-kernel summary.
-    summary = (compiled.get("table") or "").split("\n\n", 1)[-1].strip()
+    kernels = (compiled.get("table") or "").split("\n\n", 1)[-1].strip()
     print(
-        f"compile figures ({compiled['note']}):\n{summary}"
-        if summary
+        f"compile figures ({compiled['note']}):\n{kernels}"
+        if kernels
         else f"compile figures: {compiled['note']}"
     )
-    verdict = verdicts(parity_rows, bench)
-    print("\n".join(verdict_lines(verdict)))
-    saved = save(args.device, verdict) if args.save and verdict["table"] else None
+    summary = summarize(parity_rows, bench)
+    print("\n".join(summary_lines(summary)))
+    saved = save(args.device, summary) if args.save and summary["table"] else None
     if saved:
         print(f"saved verification for impl='auto' to {saved}")
     elif args.save:
         print("--save: no implementation was checked on this device; nothing saved")
     report = {
         "tool": "check_device",
-        "version": 1,
+        "version": 2,
         "device": args.device,
         "simulated": simulated,
         "fast": args.fast,
@@ -342,7 +344,7 @@ def run(tool: Path, args: argparse.Namespace) -> int:
         "benchmark": bench,
         "case_models": {c: list(CASE_MODELS[c]) for c in args.cases if c in CASE_MODELS},
         "compile": compiled,
-        "verdict": verdict,
+        "summary": summary,
         "saved": saved,
     }
     if args.json:

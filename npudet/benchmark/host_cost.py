@@ -241,9 +241,9 @@ def ratio_markdown(row: dict) -> str:
             f"| {label} | {s['median']:{fmt}} | {s['p25']:{fmt}}-{s['p75']:{fmt}} | "
             f"{s['min']:{fmt}}-{s['max']:{fmt}} |"
         )
-    verdict = f"loaded ({row['loaded_why']})" if row["loaded"] else "quiet"
+    state = f"loaded ({row['loaded_why']})" if row["loaded"] else "quiet"
     load = "-".join(f"{v:.1f}" for v in row["conditions"]["load_1m"])
-    return "\n".join(lines) + f"\n\nconditions: load {load}, {verdict}"
+    return "\n".join(lines) + f"\n\nconditions: load {load}, {state}"
 
 
 # (header, key, format) of the host table's columns.

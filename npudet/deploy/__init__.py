@@ -9,7 +9,7 @@ DINO as one traceable graph (images -> boxes, scores, labels); ``bev_graph``: th
 as one (a frame, its cameras, the previous BEV and the ego motion -> 3D boxes, scores,
 labels, the next BEV); ``export``: ``tools/export.py``'s ONNX and AOTInductor exports of a
 trained detector (imported by name: they need mmdet).
-This wing imports the op library, the layers, the detectors and the engine's checks; nothing
+This layer imports the op library, the layers, the detectors and the engine's checks; nothing
 below it imports it (the op reaches the ONNX route only through
 ``npudet.ops.msda.export_node``).
 """

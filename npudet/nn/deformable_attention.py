@@ -1,4 +1,9 @@
-"""The one deformable-attention path: offsets -> weight softmax -> sampling locations -> op."""
+"""The one deformable-attention path: offsets -> weight softmax -> sampling locations -> op.
+
+Not a layer itself: the base of ``MSDeformAttn`` (torch only),
+``npudet.models.layers.MultiScaleDeformableAttention`` (mmcv's subclass) and the BEV
+attentions (docs/architecture.md, "Names that look alike").
+"""
 
 from __future__ import annotations
 

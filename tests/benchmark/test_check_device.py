@@ -70,7 +70,7 @@ def test_declined_cases_are_counted_apart_never_as_passes(fast_report):
             assert cases["nan-locations"]["status"] == "declined"
             assert cases["nan-locations"]["out_err"] is None  # not run
             assert row["counts"] == {"passed": total - 1, "failed": 0, "declined": 1}
-    table = {(r["impl"], r["dtype"]): r for r in report["verdict"]["table"]}
+    table = {(r["impl"], r["dtype"]): r for r in report["summary"]["table"]}
     assert table[("grid_sample", "float32")]["cases"] == (
         f"{total - 1} passed, 1 declined (nan-locations)"
     )
@@ -88,12 +88,12 @@ def test_saved_records_carry_the_key_of_the_checking_process(fast_report):
 
 def test_fast_run_times_and_ranks_the_correct_implementations(fast_report):
     report, _, _ = fast_report
-    verdict = report["verdict"]
-    assert verdict["case"] == "ddetr-dec"
-    timed = {r["impl"]: r for r in verdict["table"] if r["fwd_bwd_ms"] is not None}
+    summary = report["summary"]
+    assert summary["case"] == "ddetr-dec"
+    timed = {r["impl"]: r for r in summary["table"] if r["fwd_bwd_ms"] is not None}
     assert {"grid_sample", "gather", "cpu"} <= set(timed)
     assert all(r["dtype"] == "float32" and r["fwd_bwd_ms"] > 0 for r in timed.values())
-    order = verdict["recommended_auto_order"]
+    order = summary["recommended_auto_order"]
     assert sorted(order) == sorted(timed)
     assert [timed[n]["fwd_bwd_ms"] for n in order] == sorted(
         r["fwd_bwd_ms"] for r in timed.values()
@@ -106,7 +106,7 @@ def test_save_writes_what_auto_reads_back(fast_report):
     assert report["saved"] == str(path)
     assert records.load_records(str(path))["version"] == records.FORMAT_VERSION
     name = device_name("cpu")
-    for row in report["verdict"]["table"]:
+    for row in report["summary"]["table"]:
         record = records.recorded("cpu", name, row["impl"], row["dtype"], path=str(path))
         assert record is not None and record.correct == row["correct"]
         assert record.fwd_bwd_ms == row["fwd_bwd_ms"]
@@ -130,7 +130,7 @@ class _Wrong(MSDAImpl):
         return get_impl("gather").forward(*args) * 1.01
 
 
-def test_a_crashing_or_wrong_implementation_is_a_verdict_not_an_abort(monkeypatch):
+def test_a_crashing_or_wrong_implementation_is_a_failed_case_not_an_abort(monkeypatch):
     for impl in (_Crashing(), _Wrong()):
         monkeypatch.setitem(_REGISTRY, impl.NAME, impl)
     crashed = parity.check_parity("test_crashing", "cpu", torch.float32, cases=["basic"])
@@ -186,7 +186,7 @@ def test_unavailable_device_is_refused_with_its_reason():
     assert "--device tpu: device unavailable: expected cpu, cuda or npu" in done.stderr
 
 
-def test_verdicts_rank_only_correct_timed_implementations():
+def test_summary_ranks_only_correct_timed_implementations():
     parity_rows = [
         {"impl": "a", "dtype": "float32", "correct": True, "error": "", "declined": []},
         {"impl": "b", "dtype": "float32", "correct": False, "error": "x", "declined": []},
@@ -197,9 +197,9 @@ def test_verdicts_rank_only_correct_timed_implementations():
     ]
     rows = [("a", 4.0), ("b", 1.0), ("c", 2.0), ("grid_sample", 20.0)]
     bench = {"cases": ["k"], "rows": [{"case": "k", "impl": i, "fwd_bwd_ms": t} for i, t in rows]}
-    verdict = device_check.verdicts(parity_rows, bench)
-    assert verdict["recommended_auto_order"] == ["c", "a", "grid_sample"]
-    table = {(r["impl"], r["dtype"]): r for r in verdict["table"]}
+    summary = device_check.summarize(parity_rows, bench)
+    assert summary["recommended_auto_order"] == ["c", "a", "grid_sample"]
+    table = {(r["impl"], r["dtype"]): r for r in summary["table"]}
     assert ("d", "float32") not in table
     assert table[("c", "float32")]["speedup"] == 10.0
     assert table[("c", "float16")]["fwd_bwd_ms"] is None

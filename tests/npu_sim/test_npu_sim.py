@@ -127,9 +127,9 @@ def test_op_parity_on_simulated_npu(simulated_npu, impl):
     cases = [parity.PROBE_CASE] if impl == "triton" else None
     result = parity.check_parity(impl, "npu", torch.float32, cases)
     assert result.correct, result.error or result.declined
-    verdicts = {case.case: case.status for case in result.cases}
-    assert set(verdicts.values()) <= {parity.PASSED, parity.DECLINED}, result.cases
-    assert verdicts[parity.PROBE_CASE] == parity.PASSED
+    outcomes = {case.case: case.status for case in result.cases}
+    assert set(outcomes.values()) <= {parity.PASSED, parity.DECLINED}, result.cases
+    assert outcomes[parity.PROBE_CASE] == parity.PASSED
 
 
 def test_npu_vendor_on_npu_matches_grid_sample_on_cpu(simulated_npu):
@@ -223,7 +223,7 @@ def test_auto_on_npu_walks_the_npu_list_verifies_and_records(simulated_npu, tmp_
     assert auto.AUTO_PRIORITY["npu"][0] == "npu_vendor"
     chosen = [r.getMessage() for r in logged if "npudet MSDA auto on npu" in r.getMessage()]
     assert chosen and "'npu_vendor'" in chosen[0], [r.getMessage() for r in logged]
-    assert auto.verdict("npu_vendor", "npu:0", torch.float32) == ""
+    assert auto.untrusted_reason("npu_vendor", "npu:0", torch.float32) == ""
     key = records.fingerprint("npu_vendor", "npu")
     assert key["toolkit"] == "simulated" and key["torch_npu"] == "0+npudet.simulated"
     auto.reset()

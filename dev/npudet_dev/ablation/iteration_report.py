@@ -144,8 +144,8 @@ def conditions_cell(run: Dict[str, Any], summary: Dict[str, Any]) -> str:
     ``loaded (why)`` or ``quiet``."""
     loads = [r["conditions"]["load_1m"] for r in [run, *run.get("rounds", [])] if "conditions" in r]
     load = ", ".join("load " + "-".join(f"{v:.1f}" for v in pair) for pair in loads)
-    verdict = f"loaded ({summary['loaded_why']})" if summary.get("loaded") else "quiet"
-    return f"{load or 'load not recorded'}; {verdict}"
+    state = f"loaded ({summary['loaded_why']})" if summary.get("loaded") else "quiet"
+    return f"{load or 'load not recorded'}; {state}"
 
 
 def term_deviations(
@@ -199,11 +199,11 @@ def matching_lines(result: Dict[str, Any]) -> str:
         parts = []
         for t in ties:
             calls = len(run["matching"][t["iteration"]])
-            verdict = "a tie, the reference's taken" if t["adopted"] else "**not a tie, kept**"
+            outcome = "a tie, the reference's taken" if t["adopted"] else "**not a tie, kept**"
             parts.append(
                 f"iteration {t['iteration']}, assigner call {t['call'] + 1} of {calls}: "
                 f"{t['queries']} queries, the reference's matching costs {t['rel_gap']:.0e} "
-                f"of the total more ({verdict})"
+                f"of the total more ({outcome})"
             )
         lines.append(f"- `{name}`: " + "; ".join(parts))
     if not lines:

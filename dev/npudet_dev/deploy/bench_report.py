@@ -67,9 +67,9 @@ def _export(r: Dict[str, Any]) -> str:
 def _agreement(a: Dict[str, Any]) -> str:
     if "why" in a:
         return f"**no** ({a['why']})"
-    verdict = "yes" if a["agrees"] else "**no**"
+    agrees = "yes" if a["agrees"] else "**no**"
     return (
-        f"{verdict} (scores {a['max_score_diff']:.1e}, boxes "
+        f"{agrees} (scores {a['max_score_diff']:.1e}, boxes "
         f"{a['max_box_diff_normalised']:.1e}, labels {'equal' if a['labels_equal'] else 'differ'})"
     )
 

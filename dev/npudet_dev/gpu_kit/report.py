@@ -165,15 +165,15 @@ def markdown(report: dict) -> str:
     lines += _host_lines(report["host_cost"]) if report.get("host_cost") else ["(not run)"]
     lines += ["", "## Device check (tools/check_device.py)", ""]
     check = report.get("check")
-    if check and check.get("verdict"):
-        verdict = check["verdict"]
+    if check and check.get("summary"):
+        summary = check["summary"]
         lines += ["| impl | dtype | correct | error |", "|---|---|---|---|"]
-        for r in verdict["table"]:
+        for r in summary["table"]:
             correct = "yes" if r["correct"] else "NO"
             lines.append(f"| {r['impl']} | {r['dtype']} | {correct} | {r['error'][:120]} |")
         lines += [
             "",
-            f"recommended auto order: {', '.join(verdict['recommended_auto_order']) or '-'}",
+            f"recommended auto order: {', '.join(summary['recommended_auto_order']) or '-'}",
         ]
     else:
         lines += ["(not run)"]

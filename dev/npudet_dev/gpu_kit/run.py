@@ -318,7 +318,7 @@ class Kit:
                 "file": path.name,
                 "seconds": payload.get("seconds"),
                 "skipped": payload.get("skipped"),
-                "verdict": payload.get("verdict"),
+                "summary": payload.get("summary"),
             }
         self.save()
 

@@ -1,4 +1,8 @@
-"""Drop-in replacement for mmcv's ``MultiScaleDeformableAttention`` on npudet's op."""
+"""Drop-in replacement for mmcv's ``MultiScaleDeformableAttention`` on npudet's op.
+
+Not to be confused with ``npudet.nn.MSDeformAttn``: the same module and ``forward`` without
+mmcv, for machines and models without OpenMMLab.
+"""
 
 from __future__ import annotations
 

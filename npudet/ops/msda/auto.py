@@ -3,20 +3,20 @@
 ``select_impl`` walks the priority list of the inputs' device (``AUTO_PRIORITY``),
 reordered by recorded measurements (``measured_order``), and takes the first with no
 reasons (``MSDAImpl.not_supported_reasons``) whose results it has verified on this device
-(``verdict``); when nothing fits, the error lists every candidate with its reasons. A name
-given explicitly is used as it is, without verification. Under
+(``untrusted_reason``); when nothing fits, the error lists every candidate with its
+reasons. A name given explicitly is used as it is, without verification. Under
 ``torch.use_deterministic_algorithms(True)`` only implementations that declare a
 deterministic backward on the device (``MSDAImpl.DETERMINISTIC``) are taken.
 
 ``auto`` verifies before it trusts: per-process checks and recorded verifications.
 
 The first time ``auto`` would hand a call on (device, dtype) to an implementation, it asks
-``verdict``: "" (trusted) or why not. The device is the one the inputs are on (its index), named
-by its model and capability (``verification.device_identity``: ``"NVIDIA H100 80GB HBM3 (sm_90)"``),
-so a check made on one GPU model is not trusted for another in the same machine. The answer
-comes from, in order:
+``untrusted_reason``: "" (trusted) or why not. The device is the one the inputs are on (its
+index), named by its model and capability (``verification.device_identity``:
+``"NVIDIA H100 80GB HBM3 (sm_90)"``), so a check made on one GPU model is not trusted for
+another in the same machine. The answer (the trust decision) comes from, in order:
 
-1. this process's earlier verdict for (device, implementation, dtype);
+1. this process's earlier trust decision for (device, implementation, dtype);
 2. a record written by ``tools/check_device.py --save`` for this device model
    (``verification.records``), if it is current: its key (``records.fingerprint``) must equal this
    process's. The key holds everything that changes the answer: a hash of the sources the
@@ -46,11 +46,11 @@ intra-op thread; ``tests/ops/msda/test_msda_dispatch.py`` holds it under 50 ms).
 out at most once per process per (implementation, device type), and only when a record
 exists: sources are hashed once per process.
 
-Under ``torch.compile`` nothing runs inside the trace: ``select_impl`` asks ``known_verdict``,
-which dynamo evaluates once, outside the graph, as a constant; it runs the check as plain
-eager code when no verdict is known yet.
+Under ``torch.compile`` nothing runs inside the trace: ``select_impl`` asks
+``known_untrusted_reason``, which dynamo evaluates once, outside the graph, as a constant; it
+runs the check as plain eager code when no decision is known yet.
 
-The verdicts and orders are kept per process and forgotten (``reset``) when
+The trust decisions and orders are kept per process and forgotten (``reset``) when
 ``records.save_records`` writes the record file.
 """
 
@@ -88,7 +88,7 @@ _announced: set = set()
 # Per process: (device type, device identity, impl, dtype name) -> "" or the error; records by
 # file path; measured orders by (device type, identity, dtype name, static order); stale records
 # already logged; the ``records.generation()`` they were worked out at.
-_verdicts: Dict[Tuple[str, str, str, str], str] = {}
+_decisions: Dict[Tuple[str, str, str, str], str] = {}
 _loaded: Dict[str, dict] = {}
 _orders: Dict[Tuple[str, str, str, Tuple[str, ...]], List[str]] = {}
 _stale_logged: set = set()
@@ -96,18 +96,18 @@ _generation = records.generation()
 
 
 def reset() -> None:
-    """Forget this process's verdicts, loaded records and orders (done after
+    """Forget this process's trust decisions, loaded records and orders (done after
     ``records.save_records``).
 
     Fingerprints are kept: the sources and packages of a running process do not change.
     """
     global _generation
-    _verdicts.clear()
+    _decisions.clear()
     _loaded.clear()
     _orders.clear()
     _stale_logged.clear()
     _generation = records.generation()
-    call_plan.clear()  # the plans were decided on these verdicts
+    call_plan.clear()  # the plans were decided on these trust decisions
 
 
 def _current() -> None:
@@ -171,7 +171,7 @@ def exempt(impl: str, device: str) -> bool:
     return impl == parity.REFERENCE or _where(device)[1] is None
 
 
-def verdict(impl: str, device: str, dtype: DType) -> str:
+def untrusted_reason(impl: str, device: str, dtype: DType) -> str:
     """Empty if ``auto`` may hand ``device``'s ``dtype`` calls to ``impl``, else why not.
 
     ``device``: a device type (its current device) or ``"cuda:1"``. Runs ``parity.check_impl``
@@ -181,16 +181,16 @@ def verdict(impl: str, device: str, dtype: DType) -> str:
     _current()
     device_type, name = _where(device)
     key = (device_type, name or "", impl, dtype_name(dtype))
-    if key not in _verdicts:
-        _verdicts[key] = _decide(device, name, impl, key[3])
-        if _verdicts[key]:
+    if key not in _decisions:
+        _decisions[key] = _decide(device, name, impl, key[3])
+        if _decisions[key]:
             where = f"{device_type} ({name})" if name and device_type != "cpu" else device_type
             warnings.warn(
-                f"npudet MSDA auto: skipping {impl!r} on {where} {key[3]}: {_verdicts[key]}",
+                f"npudet MSDA auto: skipping {impl!r} on {where} {key[3]}: {_decisions[key]}",
                 RuntimeWarning,
                 stacklevel=4,
             )
-    return _verdicts[key]
+    return _decisions[key]
 
 
 def _decide(device: str, name: Optional[str], impl: str, dtype: str) -> str:
@@ -205,9 +205,9 @@ def _decide(device: str, name: Optional[str], impl: str, dtype: str) -> str:
 
 
 @assume_constant_result
-def known_verdict(impl: str, device: str, dtype: str) -> str:
-    """``verdict`` as a constant to ``torch.compile``: evaluated eagerly, never traced."""
-    return verdict(impl, device, dtype)
+def known_untrusted_reason(impl: str, device: str, dtype: str) -> str:
+    """``untrusted_reason`` as a constant to ``torch.compile``: evaluated eagerly, never traced."""
+    return untrusted_reason(impl, device, dtype)
 
 
 def measured_order(order: List[str], device: str, dtype: DType) -> List[str]:
@@ -278,11 +278,11 @@ def _constant_order(device: str, dtype: str) -> tuple:
     return tuple(measured_order(_static_order(_parse(device)[0]), device, dtype))
 
 
-def _verdict(name: str, device: str, dtype: torch.dtype) -> str:
+def _untrusted_reason(name: str, device: str, dtype: torch.dtype) -> str:
     """Empty if ``auto`` may trust ``name`` here, else why not; a constant when compiling."""
     if is_compiling():
-        return known_verdict(name, device, dtype_name(dtype))
-    return verdict(name, device, dtype)
+        return known_untrusted_reason(name, device, dtype_name(dtype))
+    return untrusted_reason(name, device, dtype)
 
 
 def _announce(name: str, inputs: MSDAInputs, rejected: List[Tuple[str, List[str]]]) -> None:
@@ -358,7 +358,7 @@ def select_impl(impl: str, inputs: MSDAInputs) -> MSDAImpl:
         if nondeterministic:
             reasons = [*reasons, nondeterministic]
         if not reasons:
-            error = _verdict(name, inputs.device, inputs.dtype)
+            error = _untrusted_reason(name, inputs.device, inputs.dtype)
             reasons = [f"failed verification: {error}"] if error else []
         if not reasons:
             key = (inputs.device_type, inputs.dtype, name, tuple(r for r, _ in rejected))

@@ -4,7 +4,7 @@ A deployment route (``npudet.deploy.onnx_nodes``) sets a node function for the l
 export; while ``torch.onnx.export`` or ``torch.export`` traces, ``multi_scale_deformable_attn``
 then hands each checked call to it (one fused ONNX node per call) instead of choosing an
 implementation. Eager calls are never redirected. The op library does not import the
-deployment wing: the route reaches down by setting the function here.
+deployment layer (``npudet.deploy``): the route reaches down by setting the function here.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ implementation that needs the sizes on the host (``grid_sample`` splits and resh
 would read them, and the exporter refuses a size that depends on data. Pairs are sizes, so
 they stay symbolic, and the tensor the fused kernels take is built from them in the graph
 (``level_shapes_tensor``) instead of being baked in at the export size.
+
+Not to be confused with ``npudet.bev.models.levels`` (which layout the BEV attentions hand the
+op) or ``npudet.models.detectors.level_pairs`` (the DETR transformers built on pairs).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from npudet.ops.msda.observe import MSDAObserver, observing
 from npudet.ops.msda.verification import parity
 from npudet.utils.device import device_name
 
-CPU = device_name("cpu")  # auto's verdicts are keyed by the device model
+CPU = device_name("cpu")  # auto's trust decisions are keyed by the device model
 
 
 def _refuse(*args, **kwargs):
@@ -130,12 +130,12 @@ def test_observers_see_calls_that_have_plans():
 
 def test_prepare_verifies_ahead_so_the_first_call_checks_nothing(monkeypatch):
     auto.reset()
-    monkeypatch.setattr(auto, "_verdicts", {})
+    monkeypatch.setattr(auto, "_decisions", {})
     assert prepare("cpu", (torch.float32, torch.float64)) == {
         torch.float32: "cpu",
         torch.float64: "cpu",
     }
-    assert auto._verdicts == {
+    assert auto._decisions == {
         ("cpu", CPU, "cpu", "float32"): "",
         ("cpu", CPU, "cpu", "float64"): "",
     }
@@ -145,7 +145,7 @@ def test_prepare_verifies_ahead_so_the_first_call_checks_nothing(monkeypatch):
 
 def test_auto_logs_dtype_build_and_failed_verification(monkeypatch, caplog):
     monkeypatch.setattr(auto, "_announced", set())
-    monkeypatch.setattr(auto, "_verdicts", {("cpu", CPU, "cpu", "float32"): "output: wrong"})
+    monkeypatch.setattr(auto, "_decisions", {("cpu", CPU, "cpu", "float32"): "output: wrong"})
     with caplog.at_level(logging.INFO, logger="npudet"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         multi_scale_deformable_attn(*random_inputs())
@@ -155,8 +155,8 @@ def test_auto_logs_dtype_build_and_failed_verification(monkeypatch, caplog):
         "npudet MSDA auto on cpu float32: not using 'cpu': failed verification: output: wrong"
     )
     caplog.clear()
-    monkeypatch.setattr(auto, "_verdicts", {})
-    call_plan.clear()  # the plan was decided on the patched verdict
+    monkeypatch.setattr(auto, "_decisions", {})
+    call_plan.clear()  # the plan was decided on the patched trust decision
     with caplog.at_level(logging.INFO, logger="npudet"):
         multi_scale_deformable_attn(*random_inputs())
     from npudet.ops.msda.backends.cpu_library import isa

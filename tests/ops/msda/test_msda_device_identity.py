@@ -1,4 +1,4 @@
-"""``auto``'s verdicts and records are per device model and capability, not per device type.
+"""``auto``'s trust decisions and records are per device model and capability, not per device type.
 
 No second GPU here: the keying (``device_identity.identity``) is tested on descriptors of
 devices this machine does not have, and ``auto`` on calls described for ``cuda:0`` and
@@ -59,7 +59,7 @@ def two_gpus(monkeypatch, tmp_path):
     """``cuda:0`` and ``cuda:1`` named by the descriptors in ``models`` (index -> descriptor);
     checks note the device they were asked about and fail, so only records can trust."""
     monkeypatch.setenv(records.VERIFY_FILE_ENV, str(tmp_path / "verified.json"))
-    for name in ("_verdicts", "_loaded", "_orders"):
+    for name in ("_decisions", "_loaded", "_orders"):
         monkeypatch.setattr(auto, name, {})
     models = {0: H100, 1: A100}
     real = records.current_device_name
@@ -83,10 +83,10 @@ def two_gpus(monkeypatch, tmp_path):
 def test_a_record_for_one_gpu_model_is_not_trusted_for_another(two_gpus):
     models, checked = two_gpus
     records.save_records("cuda", identity(H100), [Record("gather", "float32", True)])
-    assert auto.verdict("gather", "cuda:0", torch.float32) == ""
+    assert auto.untrusted_reason("gather", "cuda:0", torch.float32) == ""
     assert checked == []  # the record of this model decided
     with pytest.warns(RuntimeWarning, match=r"skipping 'gather' on cuda \(NVIDIA A100.*sm_80\)"):
-        assert auto.verdict("gather", "cuda:1", torch.float32) != ""
+        assert auto.untrusted_reason("gather", "cuda:1", torch.float32) != ""
     assert checked == [("gather", "cuda:1")]  # checked on the inputs' own device
     call = MSDAInputs("cuda", torch.float32, 2, 30, 8, 32, 2, 10, 4, True, device_index=1)
     call0 = MSDAInputs("cuda", torch.float32, 2, 30, 8, 32, 2, 10, 4, True, device_index=0)
@@ -94,21 +94,21 @@ def test_a_record_for_one_gpu_model_is_not_trusted_for_another(two_gpus):
         warnings.simplefilter("ignore", RuntimeWarning)
         assert select_impl("auto", call).NAME == "grid_sample"  # gather failed on cuda:1
         assert select_impl("auto", call0).NAME == "gather"
-    keys = {k for k in auto._verdicts if k[2] == "gather"}
+    keys = {k for k in auto._decisions if k[2] == "gather"}
     assert keys == {
         ("cuda", identity(H100), "gather", "float32"),
         ("cuda", identity(A100), "gather", "float32"),
     }
 
 
-def test_two_gpus_of_one_model_share_one_verdict(two_gpus):
+def test_two_gpus_of_one_model_share_one_trust_decision(two_gpus):
     models, checked = two_gpus
     models[1] = models[0]
     with pytest.warns(RuntimeWarning, match="skipping 'gather'"):
-        auto.verdict("gather", "cuda:0", torch.float32)
-    auto.verdict("gather", "cuda:1", torch.float32)
+        auto.untrusted_reason("gather", "cuda:0", torch.float32)
+    auto.untrusted_reason("gather", "cuda:1", torch.float32)
     assert checked == [("gather", "cuda:0")]  # one check for the model
-    assert len([k for k in auto._verdicts if k[2] == "gather"]) == 1
+    assert len([k for k in auto._decisions if k[2] == "gather"]) == 1
 
 
 def test_records_of_two_models_are_two_entries(two_gpus, tmp_path):

@@ -49,9 +49,9 @@ def cuda_call(dtype=torch.float32, batch=2) -> MSDAInputs:
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
-    """Empty verdicts, orders and records (a temporary file) for this test only."""
+    """Empty trust decisions, orders and records (a temporary file) for this test only."""
     monkeypatch.setenv(records.VERIFY_FILE_ENV, str(tmp_path / "verified.json"))
-    for name in ("_verdicts", "_loaded", "_orders"):
+    for name in ("_decisions", "_loaded", "_orders"):
         monkeypatch.setattr(auto, name, {})
     return tmp_path / "verified.json"
 
@@ -345,10 +345,10 @@ def test_not_checked_reference_meta_and_absent_devices(fresh, monkeypatch):
         raise AssertionError(f"checked {args}")
 
     monkeypatch.setattr(parity, "check_impl", refuse)
-    assert auto.verdict("grid_sample", "cpu", torch.float32) == ""
-    assert auto.verdict("gather", "meta", torch.float32) == ""
+    assert auto.untrusted_reason("grid_sample", "cpu", torch.float32) == ""
+    assert auto.untrusted_reason("gather", "meta", torch.float32) == ""
     if not torch.cuda.is_available():
-        assert auto.verdict("triton", "cuda", torch.float32) == ""
+        assert auto.untrusted_reason("triton", "cuda", torch.float32) == ""
 
 
 def test_auto_on_cpu_checks_its_choice_once_per_dtype(fresh, monkeypatch):
@@ -363,7 +363,7 @@ def test_auto_on_cpu_checks_its_choice_once_per_dtype(fresh, monkeypatch):
 
 @DYNAMO_2_1
 def test_compiled_auto_checks_outside_the_graph(fresh):
-    """The check runs once, eagerly, while dynamo evaluates the verdict as a constant."""
+    """The check runs once, eagerly, while dynamo evaluates the trust decision as a constant."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -378,7 +378,7 @@ def test_compiled_auto_checks_outside_the_graph(fresh):
         backend=backend,
     )
     out = compiled(value, loc, attn)
-    assert auto._verdicts == {("cpu", records.current_device_name("cpu"), "cpu", "float32"): ""}
+    assert auto._decisions == {("cpu", records.current_device_name("cpu"), "cpu", "float32"): ""}
     torch.testing.assert_close(
         out, 2 * multi_scale_deformable_attn(value, spatial, starts, loc, attn)
     )

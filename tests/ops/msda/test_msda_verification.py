@@ -35,7 +35,7 @@ class _Lines(logging.Handler):
 def fresh(monkeypatch, tmp_path) -> Iterator[_Lines]:
     """Empty per-process state and record file; the verification logger's lines."""
     monkeypatch.setenv(records.VERIFY_FILE_ENV, str(tmp_path / "verified.json"))
-    for name in ("_verdicts", "_loaded", "_orders"):
+    for name in ("_decisions", "_loaded", "_orders"):
         monkeypatch.setattr(auto, name, {})
     monkeypatch.setattr(auto, "_stale_logged", set())
     lines = _Lines()
@@ -64,7 +64,7 @@ def checks(monkeypatch) -> List[str]:
 
 
 def _new_process() -> None:
-    """What a later process starts with: no verdicts, records unread, fingerprints unknown."""
+    """What a later process starts with: no decisions, records unread, fingerprints unknown."""
     auto.reset()
     records.fingerprint.cache_clear()
     records.source_digest.cache_clear()
@@ -154,12 +154,12 @@ def test_changed_source_reverifies_with_one_log_line(fresh, checks, monkeypatch,
     monkeypatch.setattr(type(get_impl("gather")), "SOURCES", (str(kernel),))
     records.save_records("cpu", device_name("cpu"), [Record("gather", "float32", True)])
     _new_process()
-    assert auto.verdict("gather", "cpu", torch.float32) == ""
+    assert auto.untrusted_reason("gather", "cpu", torch.float32) == ""
     assert checks == [] and fresh.lines == []  # current record: trusted, not checked
 
     kernel.write_text("# version 2\n")
     _new_process()
-    assert auto.verdict("gather", "cpu", torch.float32) == ""
+    assert auto.untrusted_reason("gather", "cpu", torch.float32) == ""
     assert checks == ["gather"]
     (line,) = fresh.lines
     assert "'gather' float32 on cpu" in line and "stale (kernel sources" in line
@@ -173,7 +173,7 @@ def test_recorded_failure_stops_counting_after_an_upgrade(fresh, checks, monkeyp
     records.save_records("cpu", name, [Record("gather", "float32", False, "grad: off")])
     _new_process()
     with pytest.warns(RuntimeWarning, match="skipping 'gather' on cpu float32: recorded"):
-        assert auto.verdict("gather", "cpu", torch.float32)
+        assert auto.untrusted_reason("gather", "cpu", torch.float32)
     assert checks == []
 
     real = records._distribution_version
@@ -183,7 +183,7 @@ def test_recorded_failure_stops_counting_after_an_upgrade(fresh, checks, monkeyp
         lambda package: "9.9.9" if package == "torch" else real(package),
     )
     _new_process()
-    assert auto.verdict("gather", "cpu", torch.float32) == ""
+    assert auto.untrusted_reason("gather", "cpu", torch.float32) == ""
     assert checks == ["gather"]
     assert f"torch {torch.__version__} -> 9.9.9" in fresh.lines[0]
 
@@ -221,7 +221,7 @@ def test_save_replaces_a_file_of_the_older_format(fresh, tmp_path):
     path = tmp_path / "verified.json"
     path.write_text(json.dumps({"version": 1, "devices": {"cpu|x|torch 1": {"records": {}}}}))
     with pytest.warns(RuntimeWarning, match="ignoring .*verification file of version 2"):
-        assert auto.verdict("gather", "cpu", torch.float32) == ""
+        assert auto.untrusted_reason("gather", "cpu", torch.float32) == ""
     records.save_records("cpu", "x", [Record("gather", "float32", True)])
     data = json.loads(path.read_text())
     assert data["version"] == records.FORMAT_VERSION and list(data["devices"]) == ["cpu|x"]

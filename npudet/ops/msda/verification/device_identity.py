@@ -1,6 +1,6 @@
 """Which device a verification holds for: its type, model and capability.
 
-``auto``'s verdicts and the recorded verifications (``records``) are keyed by ``identity``,
+``auto``'s trust decisions and the recorded verifications (``records``) are keyed by ``identity``,
 so a check made on one GPU model is not trusted for another model in the same machine:
 
 - CUDA: ``torch.cuda.get_device_name(i)`` and ``get_device_capability(i)``
@@ -34,7 +34,7 @@ class DeviceDescriptor:
 
 
 def identity(device: DeviceDescriptor) -> str:
-    """The key of a device's verdicts and records: its name, and its capability if any."""
+    """The key of a device's trust decisions and records: its name, and its capability if any."""
     return f"{device.name} ({device.capability})" if device.capability else device.name
 
 

@@ -20,8 +20,8 @@ a near-zero reference does not blow it up); a shape mismatch or a non-finite val
 
 Tolerances per dtype of the inputs: ``TOLERANCE``, on ``rel``.
 
-Each case has one of three verdicts: ``passed``, ``failed`` (errors above the tolerance, or
-a crash: a verdict, never an exception) or ``declined`` (outside the implementation's
+Each case has one of three outcomes: ``passed``, ``failed`` (errors above the tolerance, or
+a crash: an outcome, never an exception) or ``declined`` (outside the implementation's
 declared limits, or a case the reference itself cannot answer: not run, never counted as
 passed). An implementation is ``correct`` in a dtype when every case it ran passed and it
 ran at least one; the counts say how many it declined.
@@ -89,7 +89,7 @@ Inputs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 
 @dataclass
 class CaseResult:
-    """One case: its verdict (``PASSED``, ``FAILED`` or ``DECLINED``) and the largest
+    """One case: its outcome (``PASSED``, ``FAILED`` or ``DECLINED``) and the largest
     ``rel`` errors of the output and of the three gradients.
 
     ``declined``: the reasons for not running the case (``status`` is then ``DECLINED``).
@@ -105,11 +105,11 @@ class CaseResult:
 
 @dataclass
 class ParityResult:
-    """Verdict of one (implementation, device, dtype): ``correct`` when every case it ran
+    """The parity of one (implementation, device, dtype): ``correct`` when every case it ran
     passed and it ran at least one.
 
     ``declined`` lists the implementation's own reasons for not taking such inputs (then
-    nothing ran and ``correct`` is False). ``counts``: cases per verdict. ``key``: the
+    nothing ran and ``correct`` is False). ``counts``: cases per outcome. ``key``: the
     implementation's ``records.fingerprint`` in the process that ran it.
     """
 
@@ -253,7 +253,7 @@ def check_case(impl: str, device: str, dtype: torch.dtype, case: str) -> CaseRes
             reference_inputs[3] = clean
         want = vjp(REFERENCE, tuple(reference_inputs), grad.double(), "cpu")
         got = vjp(impl, rounded, grad, device)
-    except Exception as exc:  # any failure of the implementation is a verdict, not a crash
+    except Exception as exc:  # any failure of the implementation is an outcome, not a crash
         return CaseResult(case, FAILED, error=f"{type(exc).__name__}: {exc}"[:500])
     checked = [0, 1, 3] if kwargs.get("nan") else [0, 1, 2, 3]  # NaN location grads: any
     if got[0].dtype != dtype:
