@@ -281,6 +281,7 @@ class TritonImpl(MSDAImpl):
     MAX_HEAD_DIM = 1024
     SOURCES = (
         "kernels/triton.py",
+        "kernels/triton_bilinear.py",
         "kernels/triton_launch.py",
         "kernels/triton_ascend.py",
         "kernels/triton_ascend_launch.py",

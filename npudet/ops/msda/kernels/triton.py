@@ -10,8 +10,7 @@ Backward recomputes the corners, adds the value gradient with ``tl.atomic_add`` 
 dot products of the output gradient with the corner rows.
 
 Semantics are ``grid_sample(bilinear, zeros, align_corners=False)``, as in the CPU
-kernel: ``x = loc_x * W - 0.5``; a sample counts when ``-1 <= x < W`` and
-``-1 <= y < H`` (NaN/inf never do); out-of-map corners contribute zero.
+kernel; the bilinear math this schedule shares with the Ascend one is ``triton_bilinear.py``.
 
 Safety on every backend: the address of every corner, masked off or not, lies inside
 ``value`` (corner rows are clamped into ``[0, num_keys)``), because some compilers
@@ -27,9 +26,19 @@ sizes and warps come from ``triton_launch.py``.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+
+# Executed afresh with this module, never imported (see its docstring).
+_spec = importlib.util.spec_from_file_location(
+    f"{__name__}_bilinear", os.path.join(os.path.dirname(__file__), "triton_bilinear.py")
+)
+bilinear = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bilinear)
 
 
 @triton.jit
@@ -94,25 +103,15 @@ def _samples(
     start = tl.load(starts + lvl).to(tl.int64)[None, :]
     Hf = H.to(ACC)
     Wf = W.to(ACC)
-    s = qh[:, None] * (SAMPLES) + j[None, :]
-    smask = qmask[:, None] & jmask[None, :]
-    x = tl.load(loc + 2 * s, mask=smask, other=0.0).to(ACC) * Wf - 0.5
-    y = tl.load(loc + 2 * s + 1, mask=smask, other=0.0).to(ACC) * Hf - 0.5
-    a = tl.load(attn + s, mask=smask, other=0.0).to(ACC)
-    inside = smask & (x >= -1.0) & (y >= -1.0) & (x < Wf) & (y < Hf)
-    # Samples that do not count (NaN/inf included) move off the map: no corner is valid.
-    x = tl.where(inside, x, -2.0)
-    y = tl.where(inside, y, -2.0)
-    a = tl.where(inside, a, 0.0)
+    # Samples that do not count (NaN/inf included) move off the map, to -2: no corner is valid.
+    s, smask, x, y, a, inside = bilinear.sample_points(
+        loc, attn, qh, j, jmask, qmask, Hf, Wf, SAMPLES, -2.0, ACC
+    )
     xf = tl.floor(x)
     yf = tl.floor(y)
     x0 = xf.to(tl.int32)
     y0 = yf.to(tl.int32)
-    # Where a sample counts, x0 is in [-1, W-1] and y0 in [-1, H-1]: one test per side.
-    x_lo = inside & (x0 >= 0)
-    x_hi = inside & (x0 + 1 < W)
-    y_lo = y0 >= 0
-    y_hi = y0 + 1 < H
+    x_lo, x_hi, y_lo, y_hi = bilinear.corner_sides(inside, x0, y0, W, H)
     # Masked-off corners (off the map, moved to -2, or the x1/y1 corners past the end of
     # the last level) still get a row inside value: clamped into [0, num_keys).
     k00 = start + y0.to(tl.int64) * W + x0
@@ -273,12 +272,9 @@ def msda_bwd_kernel(
         dot01 = _scatter_dot(base, gbase, g, o01, m01, a * gy * fx, d3, dmask, ACC)
         dot10 = _scatter_dot(base, gbase, g, o10, m10, a * fy * gx, d3, dmask, ACC)
         dot11 = _scatter_dot(base, gbase, g, o11, m11, a * fy * fx, d3, dmask, ACC)
-        g_attn = gy * (gx * dot00 + fx * dot01) + fy * (gx * dot10 + fx * dot11)
-        g_x = gy * (dot01 - dot00) + fy * (dot11 - dot10)
-        g_y = gx * (dot10 - dot00) + fx * (dot11 - dot01)
-        tl.store(grad_attn + s, g_attn, mask=smask)
-        tl.store(grad_loc + 2 * s, a * g_x * Wf, mask=smask)
-        tl.store(grad_loc + 2 * s + 1, a * g_y * Hf, mask=smask)
+        bilinear.store_sample_grads(
+            grad_loc, grad_attn, s, smask, a, fx, fy, gx, gy, dot00, dot01, dot10, dot11, Hf, Wf
+        )
 
 
 INTERPRETED: bool = isinstance(msda_fwd_kernel, InterpretedFunction)

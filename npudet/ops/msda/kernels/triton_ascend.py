@@ -1,8 +1,9 @@
 """Ascend-shaped Triton MSDA kernels (triton-ascend): persistent programs, row gathers, row atomics.
 
-Same math as ``triton.py`` (``grid_sample(bilinear, zeros, align_corners=False)``),
-scheduled for Ascend AI vector cores, whose compiler (triton-ascend 3.2) lowers a Triton tile
-op by op into Linalg and then into UB (on-chip buffer) copies:
+Same math as ``triton.py`` (``grid_sample(bilinear, zeros, align_corners=False)``; what both
+share is ``triton_bilinear.py``), scheduled for Ascend AI vector cores, whose compiler
+(triton-ascend 3.2) lowers a Triton tile op by op into Linalg and then into UB (on-chip buffer)
+copies:
 
 - **Persistent programs.** The grid is ``(min(num_items, cores),)``; program ``p`` loops over
   work items ``p, p + grid, ...``. A work item is (batch, block of ``BLOCK_Q`` queries, head),
@@ -39,13 +40,24 @@ op by op into Linalg and then into UB (on-chip buffer) copies:
 
 float16/bfloat16/float32 inputs, float32 arithmetic; grad_value is a float32 buffer. No float64
 (Ascend has none; the launch planner refuses it). Imports only ``triton``: the lowering worker
-(``ascend_lowering.py``) loads this file in an environment with triton-ascend and without torch.
+(``ascend_lowering.py``) loads this file (and so ``triton_bilinear.py`` beside it) by path in an
+environment with triton-ascend and without torch.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import triton
 import triton.language as tl
+
+# Executed afresh with this module, never imported (see its docstring).
+_spec = importlib.util.spec_from_file_location(
+    f"{__name__}_bilinear", os.path.join(os.path.dirname(__file__), "triton_bilinear.py")
+)
+bilinear = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bilinear)
 
 
 @triton.jit
@@ -88,14 +100,16 @@ def _window_start(o, numel, HEAD_DIM: tl.constexpr, DWIN: tl.constexpr):
 
 
 @triton.jit
-def _work_item(w, num_queries, NUM_HEADS: tl.constexpr, BLOCK_Q: tl.constexpr):
-    """Work item ``w`` -> (batch b as int64, (BLOCK_Q,) query indices, query mask, head h)."""
+def _work_item(w, num_queries, num_keys, NUM_HEADS: tl.constexpr, BLOCK_Q: tl.constexpr):
+    """Work item ``w`` -> ((BLOCK_Q,) rows of (bs * num_queries), int64, and their mask, head
+    h, and the row of (batch, key 0, h) in value seen as (rows, HEAD_DIM), int64)."""
     h = w % NUM_HEADS
     t = w // NUM_HEADS
     num_qblocks = tl.cdiv(num_queries, BLOCK_Q)
     b = (t // num_qblocks).to(tl.int64)
     q = (t % num_qblocks) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    return b, q, q < num_queries, h
+    qmask = q < num_queries
+    return b * num_queries + q, qmask, h, b * num_keys * NUM_HEADS + h
 
 
 @triton.jit
@@ -134,16 +148,11 @@ def _corners(
     start = tl.sum(tl.where(onehot, lvl_start[None, :], 0), axis=1)[None, :]
     Hf = H.to(tl.float32)
     Wf = W.to(tl.float32)
-    s = (row * NUM_HEADS + h)[:, None] * (NUM_LEVELS * NUM_POINTS) + j[None, :]
-    smask = qmask[:, None] & jmask[None, :]
-    x = tl.load(loc + 2 * s, mask=smask, other=0.0).to(tl.float32) * Wf - 0.5
-    y = tl.load(loc + 2 * s + 1, mask=smask, other=0.0).to(tl.float32) * Hf - 0.5
-    a = tl.load(attn + s, mask=smask, other=0.0).to(tl.float32)
-    inside = smask & (x >= -1.0) & (y >= -1.0) & (x < Wf) & (y < Hf)
+    qh = row * NUM_HEADS + h
     # Samples that don't count (NaN/inf included) sit at (0, 0) with no valid corner.
-    x = tl.where(inside, x, 0.0)
-    y = tl.where(inside, y, 0.0)
-    a = tl.where(inside, a, 0.0)
+    s, smask, x, y, a, inside = bilinear.sample_points(
+        loc, attn, qh, j, jmask, qmask, Hf, Wf, NUM_LEVELS * NUM_POINTS, 0.0, tl.float32
+    )
     # floor by truncation and a correction, not tl.floor: the gather loops recompute each row's
     # address from x and y element by element, and a floor there is a one-element vector op
     # (with its scalar/vector pipe synchronisation) per row; these are scalar instructions.
@@ -156,10 +165,7 @@ def _corners(
     x1c = tl.minimum(x0 + 1, W - 1)
     y0c = start + tl.maximum(y0, 0) * W
     y1c = start + tl.minimum(y0 + 1, H - 1) * W
-    x_lo = inside & (x0 >= 0)
-    x_hi = inside & (x0 + 1 < W)
-    y_lo = y0 >= 0
-    y_hi = y0 + 1 < H
+    x_lo, x_hi, y_lo, y_hi = bilinear.corner_sides(inside, x0, y0, W, H)
     return (
         s,
         smask,
@@ -306,9 +312,7 @@ def msda_fwd_kernel(
     numel = batch.to(tl.int64) * num_keys * (NUM_HEADS * HEAD_DIM)
     num_items = batch * tl.cdiv(num_queries, BLOCK_Q) * NUM_HEADS
     for w in range(tl.program_id(0), num_items, tl.num_programs(0)):
-        b, q, qmask, h = _work_item(w, num_queries, NUM_HEADS, BLOCK_Q)
-        row = b * num_queries + q
-        base_row = b * num_keys * NUM_HEADS + h
+        row, qmask, h, base_row = _work_item(w, num_queries, num_keys, NUM_HEADS, BLOCK_Q)
         acc0 = tl.zeros((BLOCK_Q, DWIN), dtype=tl.float32)
         acc1 = tl.zeros((BLOCK_Q, DWIN), dtype=tl.float32)
         for j0 in range(0, NUM_LEVELS * NUM_POINTS, BLOCK_S):
@@ -380,9 +384,7 @@ def msda_bwd_kernel(
     numel = batch.to(tl.int64) * num_keys * (NUM_HEADS * HEAD_DIM)
     num_items = batch * tl.cdiv(num_queries, BLOCK_Q) * NUM_HEADS
     for w in range(tl.program_id(0), num_items, tl.num_programs(0)):
-        b, q, qmask, h = _work_item(w, num_queries, NUM_HEADS, BLOCK_Q)
-        row = b * num_queries + q
-        base_row = b * num_keys * NUM_HEADS + h
+        row, qmask, h, base_row = _work_item(w, num_queries, num_keys, NUM_HEADS, BLOCK_Q)
         o = (row * NUM_HEADS + h)[:, None] * HEAD_DIM + dw[None, :]
         if DWIN > HEAD_DIM:
             # Short rows: g0 / g1 as a window at / DWIN - HEAD_DIM before the row sees them.
@@ -458,9 +460,6 @@ def msda_bwd_kernel(
             dot01 = tl.where(m01, dot01, 0.0)
             dot10 = tl.where(m10, dot10, 0.0)
             dot11 = tl.where(m11, dot11, 0.0)
-            g_attn = gy * (gx * dot00 + fx * dot01) + fy * (gx * dot10 + fx * dot11)
-            g_x = gy * (dot01 - dot00) + fy * (dot11 - dot10)
-            g_y = gx * (dot10 - dot00) + fx * (dot11 - dot01)
-            tl.store(grad_attn + s, g_attn, mask=smask)
-            tl.store(grad_loc + 2 * s, a * g_x * Wf, mask=smask)
-            tl.store(grad_loc + 2 * s + 1, a * g_y * Hf, mask=smask)
+            bilinear.store_sample_grads(
+                grad_loc, grad_attn, s, smask, a, fx, fy, gx, gy, dot00, dot01, dot10, dot11, Hf, Wf
+            )
