@@ -11,7 +11,7 @@ py=.venv/bin/python
 config=configs/small/deformable-detr-refine-twostage_r18-tiny_shapes.py
 work_dir=${NPUDET_WORK_DIR:-work_dirs/main_job}
 
-"$py" tools/make_shapes_dataset.py --root data/shapes
+"$py" tools/dataset_converters/make_shapes_dataset.py --root data/shapes
 # Training ends with the evaluation on the val split (COCO table + coco_bbox_val.json).
 "$py" tools/train.py "$config" --work-dir "$work_dir" --msda-impl auto "$@"
 

@@ -25,7 +25,7 @@ model = dict(
     type='BEVFormer',
     msda=dict(impl='auto', encoder=None, decoder=None),
     # temporal self-attention over the ego-motion-aligned previous BEV; False: no history
-    # (BEVFormer-S; tools/bev_temporal_ablation.py also sets the datasets' queue_length=1)
+    # (BEVFormer-S; dev/tools/bev_temporal_ablation.py also sets the datasets' queue_length=1)
     use_temporal=True,
     data_preprocessor=dict(
         type='BEVDataPreprocessor',

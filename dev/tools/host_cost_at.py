@@ -14,7 +14,7 @@ cell the median of the rounds. Children of the checkouts alternate (run 1 of eac
 run 2, ...) so load on a shared machine meets them alike; the table gives the median over
 runs and the ratio to the yardstick. Each child's conditions are recorded (load average before
 and after, CPU and wall time; npudet.benchmark.conditions) and a checkout with a loaded
-child is named under the table. ``tools/benchmark_msda.py --host`` measures more (the
+child is named under the table. ``tools/analysis_tools/benchmark_msda.py --host`` measures more (the
 kernel ops alone, forward with grad) but only at commits that have it; this measures the
 same quantity at any commit with the public op.
 """

@@ -1,6 +1,6 @@
-"""Plot a ``tools/benchmark_msda.py --json`` file (or ``tools/check_device.py --json``'s
-benchmark): speed-up over ``grid_sample`` per case and implementation, one panel per ratio
-(default forward, backward, forward+backward; log scale).
+"""Plot a ``tools/analysis_tools/benchmark_msda.py --json`` file (or
+``tools/misc/check_device.py --json``'s benchmark): speed-up over ``grid_sample`` per case and
+implementation, one panel per ratio (default forward, backward, forward+backward; log scale).
 
     python dev/tools/plot_benchmark.py results/msda_cpu_2threads.json \
         results/msda_cpu_2threads_speedup.png
@@ -107,7 +107,7 @@ def plot(rows: List[Dict], out: str, title: str, keys: List[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("json", help="a tools/benchmark_msda.py --json file")
+    parser.add_argument("json", help="a tools/analysis_tools/benchmark_msda.py --json file")
     parser.add_argument("png", help="the plot to write")
     parser.add_argument("--panels", default=DEFAULT_PANELS, help="ratio keys, one panel each")
     parser.add_argument("--title", default=None)

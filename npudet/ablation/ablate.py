@@ -1,5 +1,5 @@
 """Train one config with several MSDA implementations side by side and compare them
-(``tools/ablate.py``'s command; its docstring lists the options).
+(``tools/analysis_tools/ablate.py``'s command; its docstring lists the options).
 
 Every variant trains from the same seed and the same initial weights (built once, saved as
 ``init_weights.pth``) for N iterations, each in its own process (:mod:`.worker`); with
@@ -92,7 +92,7 @@ def run_variant(spec: Dict, threads: int, module: str = "npudet.ablation.worker"
 
 
 def ablate(args: argparse.Namespace) -> None:
-    """Run the ablation that ``tools/ablate.py``'s arguments describe."""
+    """Run the ablation that ``tools/analysis_tools/ablate.py``'s arguments describe."""
     if not os.path.isfile(args.config):
         fail(f"config file not found: {args.config}")
     try:

@@ -37,7 +37,8 @@ COLUMNS = (
     ("max_rel_loss_dev", "max rel. dev."),
     ("loaded_why", "conditions"),
 )
-# Shown when the variants also ran with the forward compiled (``tools/ablate.py --compile``).
+# Shown when the variants also ran with the forward compiled (``tools/analysis_tools/ablate.py
+# --compile``).
 COMPILED_COLUMNS = (
     ("compiled_iter_ms", "compiled iter ms"),
     ("compiled_speedup", "compiled vs eager"),

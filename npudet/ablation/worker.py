@@ -1,7 +1,7 @@
 """One ablation run in its own process: train a config for N iterations and record it.
 
 ``python -m npudet.ablation.worker SPEC_JSON`` reads a spec written by
-``tools/ablate.py``::
+``tools/analysis_tools/ablate.py``::
 
     {"config": path, "cfg_options": {...} | null, "msda": {...}, "iters": N,
      "work_dir": dir, "load_from": init weights path, "seed": 0, "threads": 2,

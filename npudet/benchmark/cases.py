@@ -66,7 +66,7 @@ CASES: Dict[str, MSDACase] = {
 
 # The other mmdet models on MSDA, at the sizes of ``CASES`` (512x640): DDQ-DETR's decoder (900
 # queries + 1350 dense + 200 denoising) and Mask2Former's pixel-decoder encoder (3 levels,
-# every pixel a query). Named by tools/check_device.py; not in ``launch_shapes`` (the compile
+# every pixel a query). Named by tools/misc/check_device.py; not in ``launch_shapes`` (the compile
 # checks' stored reports list ``CASES``).
 MODEL_CASES: Dict[str, MSDACase] = {
     c.name: c

@@ -1,11 +1,11 @@
 """Under which conditions a timing was taken, and whether a ratio of two timings is fair.
 
 A wall-clock time on a shared machine counts the other processes' turns on the cores. Every
-benchmark tool (``tools/benchmark_msda.py``, ``dev/tools/bench_iteration.py``, ``tools/ablate.py``,
-``dev/tools/bench_deploy.py``) runs its implementations interleaved round by round and records per
-timed run (:class:`Recorder`): the machine's 1-minute load average before and after, the CPU
-time of this process and of its waited-for children, the wall time and the threads the work
-used. One rule (:func:`loaded_reasons`) says when a run was *loaded*:
+benchmark tool (``tools/analysis_tools/benchmark_msda.py``, ``dev/tools/bench_iteration.py``,
+``tools/analysis_tools/ablate.py``, ``dev/tools/bench_deploy.py``) runs its implementations
+interleaved round by round and records per timed run (:class:`Recorder`): the machine's 1-minute
+load average before and after, the CPU time of this process and of its waited-for children, the wall
+time and the threads the work used. One rule (:func:`loaded_reasons`) says when a run was *loaded*:
 
 - **load**: ``max(load before, load after) > threads + LOAD_MARGIN``: more runnable threads
   than the run's own, so others wanted cores while it ran (the load average counts the run's

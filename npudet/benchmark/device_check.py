@@ -1,4 +1,4 @@
-"""The device check (``tools/check_device.py`` is its command line): which MSDA
+"""The device check (``tools/misc/check_device.py`` is its command line): which MSDA
 implementations are correct and fast on this machine's device.
 
 Parity of every implementation available on the device through the parity engine
@@ -279,7 +279,7 @@ def save(device: str, summary: dict) -> str:
 
 
 def run(tool: Path, args: argparse.Namespace) -> int:
-    """The check ``tool`` (``tools/check_device.py``) asked for with ``args`` (its parsed
+    """The check ``tool`` (``tools/misc/check_device.py``) asked for with ``args`` (its parsed
     options): the whole check, or one child part (``args.child``)."""
     if args.child:
         if args.child == "parity":

@@ -1,4 +1,4 @@
-"""The MSDA benchmark harness (``tools/benchmark_msda.py`` is its command line): time
+"""The MSDA benchmark harness (``tools/analysis_tools/benchmark_msda.py`` is its command line): time
 implementations side by side on the shapes of real models.
 
 Every implementation runs in this one process, interleaved round by round after a
@@ -6,7 +6,7 @@ warm-up, so machine noise hits all of them alike; the table gives medians and ra
 against ``grid_sample``. Outputs and all three gradients are checked against it.
 
 A caller may pass a probe, an extra timer built per case and timed on the CPU in the same
-rounds (``tools/benchmark_msda.py --limit`` passes the project's gather-only probe,
+rounds (``tools/analysis_tools/benchmark_msda.py --limit`` passes the project's gather-only probe,
 ``npudet_dev.kernels.cpu_probe``: the corner rows each sample reads, summed, nothing else
 computed): its time is the machine's row-load limit for the case, and ``fwd / limit`` and
 ``bwd / limit`` say how far each implementation is from it. The header and the JSON name
@@ -27,7 +27,7 @@ its CPU-time ratios (``*_cpu_x``) beside the wall-time ones.
 1-query problem whose kernels do next to nothing, per-call us of forward, forward+backward
 and no-grad forward for ``auto`` and each implementation, beside one ATen op's:
 
-    python tools/benchmark_msda.py --host --threads 1 --runs 3
+    python tools/analysis_tools/benchmark_msda.py --host --threads 1 --runs 3
 
 ``--host-ratio`` times only ``auto``'s forward+backward against the ATen yardstick, the two
 alternating in many short rounds, and reports the median and spread of each and of the

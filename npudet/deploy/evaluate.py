@@ -1,4 +1,5 @@
-"""COCO evaluation of an exported detector in ONNX Runtime: ``tools/eval_export.py``'s logic.
+"""COCO evaluation of an exported detector in ONNX Runtime: the logic of
+``tools/deployment/eval_export.py``.
 
 The exported graph (``npudet.deploy.export``) takes the data preprocessor's output and
 returns boxes in the input's pixels. Here the config's own test dataloader, data
@@ -133,8 +134,8 @@ def evaluate_onnx(
 
 
 def checked_inputs(args: argparse.Namespace) -> Config:
-    """The config of ``tools/eval_export.py``'s arguments, once every input is checked: the
-    files exist, the model is an exported detector, ``--json`` can be written, the test
+    """The config of ``tools/deployment/eval_export.py``'s arguments, once every input is checked:
+    the files exist, the model is an exported detector, ``--json`` can be written, the test
     split's annotations and images are there (the preflight of ``tools/test.py``: a missing
     set names the tool that makes it). The first problem ends the process with one line."""
     for name, path in (("config", Path(args.config)), ("model", args.model)):
@@ -154,7 +155,8 @@ def checked_inputs(args: argparse.Namespace) -> Config:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
-    """``tools/eval_export.py``: evaluate, print the metrics, optionally write them as JSON."""
+    """``tools/deployment/eval_export.py``: evaluate, print the metrics, optionally write them as
+    JSON."""
     parser = argparse.ArgumentParser(description="COCO evaluation of an exported ONNX detector")
     parser.add_argument("config", help="the config the model was trained with")
     parser.add_argument("model", type=Path, help="the .onnx written by tools/export.py")

@@ -94,9 +94,9 @@ def data_hint(path: str) -> str:
     if os.path.basename(folder) == "annotations":
         folder = os.path.dirname(folder)
     for marker, tool in (
-        ("shapes", "python tools/make_shapes_dataset.py --root {}"),
-        ("bev_synth", "python tools/make_bev_dataset.py --root {}"),
-        ("nuscenes", "python tools/create_nuscenes_infos.py --dataroot {}"),
+        ("shapes", "python tools/dataset_converters/make_shapes_dataset.py --root {}"),
+        ("bev_synth", "python tools/dataset_converters/make_bev_dataset.py --root {}"),
+        ("nuscenes", "python tools/dataset_converters/create_nuscenes_infos.py --dataroot {}"),
     ):
         if marker in path:
             return f" (make it with: {tool.format(folder or '.')})"

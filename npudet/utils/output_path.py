@@ -1,9 +1,9 @@
 """Whether a tool's output file can be written, asked before the work whose result it holds.
 
 Every tool that writes a file at its end (``tools/test.py --out`` and its work dir,
-``tools/export.py --out``, ``tools/eval_export.py --json``, ``tools/check_device.py --json`` /
-``--save``) checks its path here first: a path that cannot be written used to fail after
-minutes of work.
+``tools/export.py --out``, ``tools/deployment/eval_export.py --json``,
+``tools/misc/check_device.py --json`` / ``--save``) checks its path here first: a path that
+cannot be written used to fail after minutes of work.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""tools/ablate.py: two implementations x 3 iterations of the small Deformable DETR, all
-outputs written; the small BEV config too (both slow); in the default run the order the
+"""tools/analysis_tools/ablate.py: two implementations x 3 iterations of the small Deformable DETR,
+all outputs written; the small BEV config too (both slow); in the default run the order the
 variants run in (interleaved round by round), the marking of loaded runs on an injected load,
 the refusal of a variant that cannot run before any training, and the table arithmetic on
 hand-made records."""
@@ -23,10 +23,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def ablate_tool(config: str, impls: str, iters: int, work, data_option: str, *args: str):
-    """``tools/ablate.py`` on ``config`` for ``iters`` iterations (1 warm-up) into ``work``."""
+    """``tools/analysis_tools/ablate.py`` on ``config`` for ``iters`` iterations (1 warm-up) into
+    ``work``."""
     return run_tool(
         [
-            "tools/ablate.py",
+            "tools/analysis_tools/ablate.py",
             config,
             "--impls",
             impls,
@@ -121,7 +122,14 @@ def test_ablate_bev_config(tmp_path):
 
 def test_ablate_bad_impls_one_line(tmp_path):
     proc = run_tool(
-        ["tools/ablate.py", SMALL_DETR, "--impls", "cpu,nope", "--work-dir", str(tmp_path / "w")]
+        [
+            "tools/analysis_tools/ablate.py",
+            SMALL_DETR,
+            "--impls",
+            "cpu,nope",
+            "--work-dir",
+            str(tmp_path / "w"),
+        ]
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --impls item 'nope'")
@@ -133,7 +141,14 @@ def test_ablate_refuses_a_variant_that_cannot_run_before_any_training(tmp_path):
     variant, before the baseline trains (the work dir is never made)."""
     work = tmp_path / "w"
     proc = run_tool(
-        ["tools/ablate.py", SMALL_DETR, "--impls", "grid_sample,triton", "--work-dir", str(work)],
+        [
+            "tools/analysis_tools/ablate.py",
+            SMALL_DETR,
+            "--impls",
+            "grid_sample,triton",
+            "--work-dir",
+            str(work),
+        ],
         env={"TRITON_INTERPRET": "0"},
         timeout=120,
     )

@@ -1,5 +1,5 @@
-"""``tools/benchmark_msda.py`` end to end on the smallest real case (ddetr-dec, about 1 ms a
-call): the JSON it stores names the commit it measured, the machine, and per implementation
+"""``tools/analysis_tools/benchmark_msda.py`` end to end on the smallest real case (ddetr-dec, about
+1 ms a call): the JSON it stores names the commit it measured, the machine, and per implementation
 the times and the errors against ``grid_sample``, the conditions and CPU-time ratios; ``--runs``
 keeps each run and a summary. In process: the implementations interleave round by round, a
 case timed under an injected load is marked loaded (table, JSON, plot), and the host-cost
@@ -22,7 +22,7 @@ from npudet.benchmark.provenance import git_commit
 from npudet.ops.msda import msda_impls
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "benchmark_msda.py"
+TOOL = ROOT / "tools" / "analysis_tools" / "benchmark_msda.py"
 ARGS = ["--cases", "ddetr-dec", "--impls", "grid_sample,cpu", "--threads", "1", "--repeat", "1"]
 
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")

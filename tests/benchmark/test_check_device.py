@@ -1,4 +1,4 @@
-"""tools/check_device.py: the fast CPU run end to end, and its parts as pure logic."""
+"""tools/misc/check_device.py: the fast CPU run end to end, and its parts as pure logic."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from npudet.ops.msda.verification import parity, records
 from npudet.utils.device import device_name
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / "tools" / "check_device.py"
+TOOL = ROOT / "tools" / "misc" / "check_device.py"
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def fast_report(tmp_path_factory):
     env = dict(os.environ, NPUDET_VERIFY_FILE=str(tmp / "verified.json"))
     # As a user runs it: no Triton interpreter, so triton declines CPU tensors.
     env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, str(ROOT / "tools" / "check_device.py"), "--device", "cpu", "--fast"]
+    cmd = [sys.executable, str(TOOL), "--device", "cpu", "--fast"]
     cmd += ["--json", str(tmp / "report.json"), "--save"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,5 +1,5 @@
-"""tools/check_device.py's benchmark cases cover every model npudet switches (issue 47, item 6):
-DDQ-DETR, Mask2Former and Grounding DINO beside Deformable DETR, DINO and BEVFormer.
+"""tools/misc/check_device.py's benchmark cases cover every model npudet switches (issue 47,
+item 6): DDQ-DETR, Mask2Former and Grounding DINO beside Deformable DETR, DINO and BEVFormer.
 
 Each new model is built from its shipped config (R50, nothing downloaded: Grounding DINO's
 text encoder is a 2-layer BERT the test writes, ``HF_HUB_OFFLINE``), and the case named for

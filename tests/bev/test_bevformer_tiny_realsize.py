@@ -2,11 +2,11 @@
 trains and evaluates on nuScenes-format data, along a nuScenes user's path (slow).
 
 The path: a nuScenes ``v1.0-mini`` database (tests/bev/nuscenes_fixture.py: every table, camera
-JPEGs, devkit-loadable) -> ``tools/create_nuscenes_infos.py`` -> ``tools/train.py`` with the
-shipped config, only the data roots, the pretrained backbone (no downloads), the schedule and
-the worker count overridden. One training iteration (one sample of the train scene), then the
-config's evaluation (two val samples): the loss must be finite and the evaluation must
-return nuScenes' metrics (mAP, NDS and the five true-positive errors).
+JPEGs, devkit-loadable) -> ``tools/dataset_converters/create_nuscenes_infos.py`` ->
+``tools/train.py`` with the shipped config, only the data roots, the pretrained backbone (no
+downloads), the schedule and the worker count overridden. One training iteration (one sample of the
+train scene), then the config's evaluation (two val samples): the loss must be finite and the
+evaluation must return nuScenes' metrics (mAP, NDS and the five true-positive errors).
 """
 
 from __future__ import annotations
@@ -29,7 +29,13 @@ NUSCENES_METRICS = ("mAP", "NDS", "mATE", "mASE", "mAOE", "mAVE", "mAAE")
 def test_bevformer_tiny_trains_and_evaluates_on_nuscenes_infos(tmp_path) -> None:
     root = make_nuscenes_fixture(str(tmp_path / "nuscenes"), seed=0)
     proc = run_tool(
-        ["tools/create_nuscenes_infos.py", "--dataroot", root, "--version", "v1.0-mini"]
+        [
+            "tools/dataset_converters/create_nuscenes_infos.py",
+            "--dataroot",
+            root,
+            "--version",
+            "v1.0-mini",
+        ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data_root = root.rstrip("/") + "/"

@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import pytest
 from nuscenes_fixture import make_nuscenes_fixture
+from plugin_util import ROOT
 
 from npudet.bev.evaluation import TP_METRICS, BEVDetMetric
 from npudet.bev.evaluation.center_distance import evaluate_center_distance
@@ -388,7 +389,7 @@ def test_center_distance_with_given_attributes_matches_devkit(
 def test_cli_and_missing_devkit(nusc_data: Dict[str, Any], tmp_path: Any, monkeypatch) -> None:
     import importlib.util
 
-    tool = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "create_nuscenes_infos.py")
+    tool = os.path.join(ROOT, "tools", "dataset_converters", "create_nuscenes_infos.py")
     spec = importlib.util.spec_from_file_location("create_nuscenes_infos", tool)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -5,9 +5,9 @@ checkpoint ``bash tools/main_job.sh`` left in ``work_dirs/main_job``, or trained
 same recipe when there is none;
 ``tools/test.py`` scores it in PyTorch on the val split with ``grid_sample`` (the graph's math);
 ``tools/export.py`` writes it as plain ONNX and with npudet's fused node, and
-``tools/eval_export.py`` scores each in ONNX Runtime through the config's own data pipeline and
-evaluator. The bbox AP must stay within 0.005, and on val images the trained model's boxes and
-scores must match PyTorch within 1e-4.
+``tools/deployment/eval_export.py`` scores each in ONNX Runtime through the config's own data
+pipeline and evaluator. The bbox AP must stay within 0.005, and on val images the trained model's
+boxes and scores must match PyTorch within 1e-4.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def exported(trained, request):
 def test_exported_model_keeps_the_coco_ap(trained, exported):
     metrics_file = exported.with_suffix(".json")
     done = run_tool(
-        ["tools/eval_export.py", SMALL_DETR, str(exported), "--json", str(metrics_file),
+        ["tools/deployment/eval_export.py", SMALL_DETR, str(exported), "--json", str(metrics_file),
          "--cfg-options", *trained["options"]],
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -287,7 +287,10 @@ def test_corrupt_image_and_skip_image_check(tiny_shapes, tmp_path) -> None:
 
 def test_missing_data_names_the_tool_that_makes_it(tmp_path) -> None:
     root = str(tmp_path / "data" / "shapes")
-    with pytest.raises(PreflightError, match=r"make it with: python tools/make_shapes_dataset.py"):
+    with pytest.raises(
+        PreflightError,
+        match=r"make it with: python tools/dataset_converters/make_shapes_dataset.py",
+    ):
         check_data(_data_cfg(root), ["train"])
 
 

@@ -1,6 +1,7 @@
 """Training modes on the simulated NPU (slow: each is a tools/ run of its own): mixed precision
 in float16 and bfloat16, mmengine's forced AMP on a SoC without full precision, two ranks over
-the hccl stand-in, ``--compile``, ``tools/check_device.py`` and ``tools/ablate.py``.
+the hccl stand-in, ``--compile``, ``tools/misc/check_device.py`` and
+``tools/analysis_tools/ablate.py``.
 
 Glue only: the simulated device computes with the CPU's kernels (``ops/npu_sim/README.md``).
 """
@@ -84,7 +85,7 @@ def test_compile_on_npu(tmp_path, tiny_shapes):
 def test_check_device_on_npu(tmp_path):
     out = tmp_path / "check.json"
     proc = run_tool(
-        ["tools/check_device.py", "--device", "npu", "--fast", "--json", str(out), "--save"],
+        ["tools/misc/check_device.py", "--device", "npu", "--fast", "--json", str(out), "--save"],
         env=npu_env(NPUDET_VERIFY_FILE=str(tmp_path / "verified.json")),
         timeout=1800,
     )
@@ -102,7 +103,7 @@ def test_ablate_on_npu(tmp_path, tiny_shapes):
     work = tmp_path / "ablate"
     proc = run_tool(
         [
-            "tools/ablate.py",
+            "tools/analysis_tools/ablate.py",
             SMALL_DETR,
             "--impls",
             "grid_sample,npu_vendor",

@@ -1,7 +1,7 @@
 """Bad input to the tools stops with one line before their minutes of work (issue 48, items
 6 and 7): an unwritable ``tools/export.py --out`` (it failed after tracing), a non-ONNX file
-or missing data for ``tools/eval_export.py``, unknown names and unwritable files for
-``tools/check_device.py`` (it ran the whole check, then failed or said "saved" without
+or missing data for ``tools/deployment/eval_export.py``, unknown names and unwritable files for
+``tools/misc/check_device.py`` (it ran the whole check, then failed or said "saved" without
 writing), the op library's environment variables with undocumented values, and a work dir
 ``tools/test.py`` cannot write (a traceback after the model was loaded).
 """
@@ -23,7 +23,7 @@ from plugin_util import ROOT, SMALL_DETR, data_options
 
 from npudet.deploy import evaluate, export
 
-CHECK_DEVICE = os.path.join(ROOT, "tools", "check_device.py")
+CHECK_DEVICE = os.path.join(ROOT, "tools", "misc", "check_device.py")
 
 
 def _exit_lines(run, capsys) -> List[str]:
@@ -96,7 +96,7 @@ def test_export_to_a_folder_is_refused(tmp_path, capsys) -> None:
     assert err == [f"error: --out {tmp_path}: a folder; expected a file path"]
 
 
-# -- tools/eval_export.py -----------------------------------------------------------------
+# -- tools/deployment/eval_export.py ---------------------------------------------------------------
 def test_eval_export_of_a_file_that_is_not_onnx(tiny_shapes, tmp_path, capsys) -> None:
     """A checkpoint given for the model failed in ONNX's parser ("DecodeError: Wire format
     was corrupt"), after the data set was loaded."""
@@ -124,7 +124,7 @@ def test_eval_export_without_the_data_names_the_tool_that_makes_it(tmp_path, cap
     ann = root / "annotations" / "instances_val.json"
     assert err == [
         f"error: test_dataloader.dataset.ann_file: annotation file not found: {ann} "
-        f"(make it with: python tools/make_shapes_dataset.py --root {root})"
+        f"(make it with: python tools/dataset_converters/make_shapes_dataset.py --root {root})"
     ]
 
 
@@ -135,7 +135,7 @@ def test_eval_export_to_an_unwritable_json_stops_first(tmp_path, blocker, capsys
     assert err == [f"error: --json {out}: cannot be written ({blocker} is not a writable folder)"]
 
 
-# -- tools/check_device.py ----------------------------------------------------------------
+# -- tools/misc/check_device.py ----------------------------------------------------------------
 def test_check_device_refuses_unknown_names_up_front(monkeypatch, capsys) -> None:
     """``--impls cpux`` exited 0 with an empty table (and with --save said "saved")."""
     err = _tool(CHECK_DEVICE, ["--device", "cpu", "--fast", "--impls", "cpux"], monkeypatch, capsys)

@@ -1,4 +1,5 @@
-# The built-in shapes set (npudet.datasets.shapes; `python tools/make_shapes_dataset.py`).
+# The built-in shapes set (npudet.datasets.shapes;
+# `python tools/dataset_converters/make_shapes_dataset.py`).
 # Images are 256x256; mmdet's CocoDataset reads the files unchanged.
 dataset_type = 'CocoDataset'
 data_root = 'data/shapes/'

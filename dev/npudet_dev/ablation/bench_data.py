@@ -6,7 +6,7 @@ drawn square and stretched to W x H) and their visible masks (for instance segme
 e.g. Mask2Former), labelled with the first classes of the config's dataset so mmdet's
 ``CocoDataset`` keeps them. BEV detectors: the synthetic multi-camera
 set in npudet's nuScenes info format (:mod:`npudet.bev.infos.synthetic`, the format
-``tools/create_nuscenes_infos.py`` writes) with nuScenes' 1600 x 900 cameras.
+``tools/dataset_converters/create_nuscenes_infos.py`` writes) with nuScenes' 1600 x 900 cameras.
 """
 
 from __future__ import annotations

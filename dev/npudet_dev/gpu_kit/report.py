@@ -161,9 +161,9 @@ def markdown(report: dict) -> str:
     lines += _train_lines(report["train"]) if report["train"] else ["(not run)"]
     lines += ["", "## torch.compile of one encoder layer (fwd+bwd)", ""]
     lines += _compile_lines(report["compile"]) if report["compile"] else ["(not run)"]
-    lines += ["", "## Host cost per call (tools/benchmark_msda.py --host)", ""]
+    lines += ["", "## Host cost per call (tools/analysis_tools/benchmark_msda.py --host)", ""]
     lines += _host_lines(report["host_cost"]) if report.get("host_cost") else ["(not run)"]
-    lines += ["", "## Device check (tools/check_device.py)", ""]
+    lines += ["", "## Device check (tools/misc/check_device.py)", ""]
     check = report.get("check")
     if check and check.get("summary"):
         summary = check["summary"]

@@ -4,8 +4,8 @@ Order (most wanted first, so a run cut short keeps it): mmcv's CUDA library star
 building in the background (CPU work) while ``torch.compile`` of an encoder layer with
 ``triton`` runs on the GPU; then the float32 benchmark (model and training-size cases, the
 four implementations), the training iterations, the host's cost per call
-(``tools/benchmark_msda.py --host``), the half-precision benchmarks,
-``tools/check_device.py`` (parity, its own benchmark), and last the compile check with
+(``tools/analysis_tools/benchmark_msda.py --host``), the half-precision benchmarks,
+``tools/misc/check_device.py`` (parity, its own benchmark), and last the compile check with
 ``grid_sample``.
 Every part gets what is left of the budget, at most its cap; the report is rewritten after
 each part. ``dry_run`` runs the same parts on small shapes (seconds, on the CPU).
@@ -296,11 +296,15 @@ class Kit:
         self.save()
 
     def run_host_cost(self) -> None:
-        """``tools/benchmark_msda.py --host``: what one call costs the host, per
+        """``tools/analysis_tools/benchmark_msda.py --host``: what one call costs the host, per
         implementation (a tool option that may be absent: then the part fails and says so)."""
         path = self.work / "host_cost.json"
         impls = [n for n in IMPLS if usable(n, self.device, self.mmcv_lib)]
-        cmd = [sys.executable, str(ROOT / "tools" / "benchmark_msda.py"), "--host"]
+        cmd = [
+            sys.executable,
+            str(ROOT / "tools" / "analysis_tools" / "benchmark_msda.py"),
+            "--host",
+        ]
         cmd += ["--device", self.device, "--impls", ",".join(impls), "--json", str(path)]
         cmd += ["--repeat", "1" if self.dry_run else "3"]
         payload = self.run_part(Part("host_cost", cmd, 90.0, path))
@@ -309,7 +313,12 @@ class Kit:
 
     def run_check(self) -> None:
         path = self.out / f"{self.slug}-check_device.json"
-        cmd = [sys.executable, str(ROOT / "tools" / "check_device.py"), "--device", self.device]
+        cmd = [
+            sys.executable,
+            str(ROOT / "tools" / "misc" / "check_device.py"),
+            "--device",
+            self.device,
+        ]
         cmd += ["--json", str(path), "--fast" if self.dry_run else "--no-compile"]
         cmd += ["--impls", ",".join(n for n in IMPLS if usable(n, self.device, self.mmcv_lib))]
         payload = self.run_part(Part("check_device", cmd, 240.0, path))

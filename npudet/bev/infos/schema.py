@@ -125,7 +125,8 @@ def load_bev_info(path: str) -> Dict[str, Any]:
     if version != VERSION:
         raise ValueError(
             f"info file {path} has version {version}, expected {VERSION}: write it again "
-            "(tools/make_bev_dataset.py or tools/create_nuscenes_infos.py)"
+            "(tools/dataset_converters/make_bev_dataset.py or "
+            "tools/dataset_converters/create_nuscenes_infos.py)"
         )
     for field in ("classes", "cameras"):
         if not isinstance(meta.get(field), list) or not meta[field]:

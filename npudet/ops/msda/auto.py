@@ -17,7 +17,7 @@ index), named by its model and capability (``verification.device_identity``:
 another in the same machine. The answer (the trust decision) comes from, in order:
 
 1. this process's earlier trust decision for (device, implementation, dtype);
-2. a record written by ``tools/check_device.py --save`` for this device model
+2. a record written by ``tools/misc/check_device.py --save`` for this device model
    (``verification.records``), if it is current: its key (``records.fingerprint``) must equal this
    process's. The key holds everything that changes the answer: a hash of the sources the
    implementation runs (its modules, the C++ kernel, the Triton kernels and launch
@@ -155,7 +155,7 @@ def _record(device_type: str, name: Optional[str], impl: str, dtype: str) -> Opt
         _stale_logged.add((device_type, name, impl, dtype))
         logger.warning(
             "npudet MSDA auto: the recorded verification of %r %s on %s (%s) is stale (%s); "
-            "checking it again (tools/check_device.py --save records it anew)",
+            "checking it again (tools/misc/check_device.py --save records it anew)",
             impl,
             dtype,
             device_type,
@@ -198,7 +198,7 @@ def _decide(device: str, name: Optional[str], impl: str, dtype: str) -> str:
         return ""
     record = _record(_parse(device)[0], name, impl, dtype)
     if record is not None:
-        return "" if record.correct else f"recorded by tools/check_device.py: {record.error}"
+        return "" if record.correct else f"recorded by tools/misc/check_device.py: {record.error}"
     # Real tensors even when the caller runs under a dispatch mode (fake tensors, counters).
     with _disable_current_modes():
         return parity.check_impl(impl, device, getattr(torch, dtype))

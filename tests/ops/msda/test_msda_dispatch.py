@@ -189,7 +189,8 @@ def test_recorded_failure_is_skipped_with_one_warning(fresh, gpu_named, gpu_kern
 
 
 def test_recorded_verification_replaces_the_check_on_this_cpu(fresh, monkeypatch):
-    """What ``tools/check_device.py --device cpu --save`` leaves behind, as ``auto`` reads it."""
+    """What ``tools/misc/check_device.py --device cpu --save`` leaves behind, as ``auto`` reads
+    it."""
     from npudet.utils import device_name
 
     real = parity.check_impl

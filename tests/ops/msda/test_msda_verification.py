@@ -1,6 +1,6 @@
 """Recorded verifications hold for what was verified: sources, CPU ISA, versions, driver.
 
-A record written by ``tools/check_device.py --save`` carries the fingerprint of the process
+A record written by ``tools/misc/check_device.py --save`` carries the fingerprint of the process
 that verified it; ``auto`` trusts it only while this process's fingerprint is the same.
 Records live in a temporary ``NPUDET_VERIFY_FILE``; the checks that run, run on the CPU.
 """

@@ -1,7 +1,7 @@
 """Launch plans of the Triton MSDA kernels: which kernel, grid, meta-parameters, warps.
 
 One place decides how a call is launched, and both the custom ops (``triton_impl.py``)
-and the compile checks (``kernel_compile.py``, ``tools/compile_kernels.py``) read it, so
+and the compile checks (``kernel_compile.py``, ``dev/tools/compile_kernels.py``) read it, so
 the checks compile exactly what runs. Nothing here needs torch, triton or a device.
 
 A schedule is a planner ``(dtype_name, shape, index_dtype) -> {"fwd": ..., "bwd": ...}``:
@@ -174,7 +174,7 @@ def plan_launches(
 # one or two values (float64: two registers each), and the backward keeps the corner rows,
 # the output gradient and the atomic operands live together. Elements of a tile per
 # thread, per kernel and accumulator dtype (float64 or not), measured with
-# tools/compile_kernels.py over the benchmark cases and odd shapes, sm_80 and sm_90:
+# dev/tools/compile_kernels.py over the benchmark cases and odd shapes, sm_80 and sm_90:
 #   fwd 32-bit: 8 -> <= 63 registers (16 -> up to 128, and 8 B spills)
 #   fwd float64: 4 -> <= 56 (8 -> up to 128)
 #   bwd 32-bit: 4 -> <= 96 (8 -> up to 222; the old 2048-element tile: 255)

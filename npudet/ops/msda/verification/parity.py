@@ -10,7 +10,7 @@ a near-zero reference does not blow it up); a shape mismatch or a non-finite val
 
 - ``check_impl``: ``auto``'s check before it trusts an implementation on a device
   (``PROBE_CASE`` only, a few ms): "" or the error;
-- ``check_case`` / ``check_parity``: the device check (``tools/check_device.py``), every
+- ``check_case`` / ``check_parity``: the device check (``tools/misc/check_device.py``), every
   case of ``PARITY_CASES`` against the reference computed on the CPU in float64 from the
   same (dtype-rounded) inputs; the cases add what the probe does not reach (levels of 1x1
   and five levels, one head, head_dim 3 and 33, one point, one query, locations far

@@ -1,4 +1,4 @@
-"""Recorded verifications: the store ``tools/check_device.py --save`` writes and ``auto``
+"""Recorded verifications: the store ``tools/misc/check_device.py --save`` writes and ``auto``
 reads, and the key (``fingerprint``) that says whether a record still holds.
 
 A record holds for a process whose ``fingerprint`` of the implementation equals the

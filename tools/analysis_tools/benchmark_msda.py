@@ -1,10 +1,13 @@
 """Time MSDA implementations side by side on the shapes of real models.
 
-    python tools/benchmark_msda.py --threads 2 --json results/msda_cpu.json
-    python tools/benchmark_msda.py --cases ddetr-enc --threads 2 --runs 3 --json r.json
-    python tools/benchmark_msda.py --host --threads 1 --runs 3
-    python tools/benchmark_msda.py --host-ratio --threads 1 --repeat 400 --json r.json
-    python tools/benchmark_msda.py --cases ddetr-enc --impls grid_sample,cpu --limit  # checkout
+    python tools/analysis_tools/benchmark_msda.py --threads 2 --json results/msda_cpu.json
+    python tools/analysis_tools/benchmark_msda.py --cases ddetr-enc --threads 2 --runs 3
+        --json r.json
+    python tools/analysis_tools/benchmark_msda.py --host --threads 1 --runs 3
+    python tools/analysis_tools/benchmark_msda.py --host-ratio --threads 1 --repeat 400
+        --json r.json
+    python tools/analysis_tools/benchmark_msda.py --cases ddetr-enc --impls grid_sample,cpu
+        --limit  # checkout
 
 The command line of ``npudet.benchmark.harness`` (what is timed and how: its
 docstring). ``--runs N`` runs the whole benchmark N times in separate processes and

@@ -1,7 +1,8 @@
 """Per-class heading errors of a BEV detector's predictions: flipped, turned or unlearned.
 
 python tools/test.py CONFIG CHECKPOINT --out preds.pkl
-python tools/bev_heading_errors.py preds.pkl [--classes car truck pedestrian] [--json OUT]
+python tools/analysis_tools/bev_heading_errors.py preds.pkl [--classes car truck pedestrian]
+    [--json OUT]
 
 Reads the predictions and ground truth that ``tools/test.py --out`` dumps, pairs each true
 box with the nearest prediction of its class (``npudet.bev.evaluation.heading``) and prints

@@ -1,6 +1,6 @@
 """Train one config with several MSDA implementations side by side and compare them.
 
-python tools/ablate.py CONFIG --impls grid_sample,gather,cpu[,ENC/DEC] --iters N
+python tools/analysis_tools/ablate.py CONFIG --impls grid_sample,gather,cpu[,ENC/DEC] --iters N
     [--work-dir DIR] [--threads 2] [--rounds 1] [--warmup 2] [--seed 0]
     [--compile [BACKEND]] [--cfg-options k=v ...]
 

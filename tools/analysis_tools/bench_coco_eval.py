@@ -7,7 +7,7 @@ mmdet's CocoMetric settings (maxDets 100/300/1000), and checks both give the sam
 "eval" is what mmdet's CocoMetric runs per evaluation: loadRes through summarize. Wall and
 CPU seconds are both reported: on a shared machine wall time includes waiting for a core.
 
-    python tools/bench_coco_eval.py --images 5000
+    python tools/analysis_tools/bench_coco_eval.py --images 5000
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Check which MSDA implementations are correct and fast on this machine's device.
 
-    python tools/check_device.py                        # the machine's device (npu, cuda or cpu)
-    python tools/check_device.py --device cuda --json results/check_cuda.json --save
-    python tools/check_device.py --device cpu --fast    # well under a minute
+    python tools/misc/check_device.py                      # the machine's device (npu, cuda or cpu)
+    python tools/misc/check_device.py --device cuda --json results/check_cuda.json --save
+    python tools/misc/check_device.py --device cpu --fast  # well under a minute
 
 Reports the environment (packages, device, CPU), the parity of every implementation
 available on the device (edge cases, forward and the three gradients, each dtype it
 declares; each case passed, failed or declined: a declined case is not run and never counted
 as a pass) against ``grid_sample`` on the CPU, the MSDA benchmark side by side
-(``npudet.benchmark.harness``, as ``tools/benchmark_msda.py``), the Triton kernels'
+(``npudet.benchmark.harness``, as ``tools/analysis_tools/benchmark_msda.py``), the Triton kernels'
 compile figures where the compile tool exists, and a summary table with the recommended
 ``auto`` order. ``--save`` records which are correct, and their times, for ``auto``, each
 keyed by the sources, package versions and driver of the process that checked it

@@ -1,6 +1,7 @@
 """Convert a nuScenes dataroot into npudet-bev-v2 info files (infos_{train,val}.json).
 
-    .venv/bin/python tools/create_nuscenes_infos.py --dataroot data/nuscenes --version v1.0-mini
+    .venv/bin/python tools/dataset_converters/create_nuscenes_infos.py --dataroot data/nuscenes
+        --version v1.0-mini
 
 Needs nuscenes-devkit (extra 'nuscenes'; `bash tools/setup.sh` installs it).
 """

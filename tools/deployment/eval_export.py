@@ -1,6 +1,6 @@
 """COCO evaluation of a detector exported to ONNX, run in ONNX Runtime.
 
-python tools/eval_export.py CONFIG MODEL.onnx [--threads N] [--json OUT]
+python tools/deployment/eval_export.py CONFIG MODEL.onnx [--threads N] [--json OUT]
     [--cfg-options k=v ...]
 
 The config's test dataloader, data preprocessor and test evaluator do what stays outside the
