@@ -27,11 +27,16 @@ ENCODER = dict(
 )
 
 
+def encoder_settings(bev_hw=(4, 5), embed_dims: int = 16, **overrides) -> dict:
+    """:data:`ENCODER` over a ``bev_hw`` grid, the FFN twice ``embed_dims`` wide; ``overrides``
+    replace any of those settings."""
+    grid = dict(bev_h=bev_hw[0], bev_w=bev_hw[1], embed_dims=embed_dims)
+    return {**ENCODER, **grid, "ffn_dims": 2 * embed_dims, **overrides}
+
+
 def tiny_encoder(bev_hw=(4, 5), embed_dims: int = 16, **overrides) -> BEVFormerEncoder:
-    """A :data:`ENCODER` encoder over a ``bev_hw`` grid, its FFN twice ``embed_dims`` wide;
-    ``overrides`` replace any of those settings."""
-    settings = {**ENCODER, "ffn_dims": 2 * embed_dims, **overrides}
-    return BEVFormerEncoder(bev_h=bev_hw[0], bev_w=bev_hw[1], embed_dims=embed_dims, **settings)
+    """A BEVFormerEncoder of :func:`encoder_settings`."""
+    return BEVFormerEncoder(**encoder_settings(bev_hw, embed_dims, **overrides))
 
 
 def tiny_bev_set(root: str) -> None:
@@ -83,15 +88,8 @@ def small_model(
         ),
         neck=dict(type="FPN", in_channels=[128], out_channels=c, num_outs=1),
         encoder=dict(
-            ENCODER,
             type="BEVFormerEncoder",
-            bev_h=bev_h,
-            bev_w=bev_w,
-            embed_dims=c,
-            num_heads=4,
-            num_levels=1,
-            num_cams=num_cams,
-            ffn_dims=64,
+            **encoder_settings((bev_h, bev_w), c, num_heads=4, num_levels=1, num_cams=num_cams),
         ),
         bbox_head=dict(
             type="BEVDetrHead",

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Sequence
 
 import torch
-from mmengine.config import Config
+from mmengine.config import Config, ConfigDict
 
 from npudet.ops.msda.observe import MSDACall, MSDAObserver, Run, observing
 
@@ -110,9 +110,37 @@ def assert_ran_on(record: MSDARecord, model: torch.nn.Module, impl: str) -> None
     assert dict(record.npudet) == {impl: calls}, (dict(record.npudet), calls)
 
 
+@contextlib.contextmanager
+def running_on(model: torch.nn.Module, impl: str) -> Iterator[MSDARecord]:
+    """:func:`record_msda` over the block, then :func:`assert_ran_on` ``impl`` when it ends."""
+    with record_msda(model) as record:
+        yield record
+    assert_ran_on(record, model, impl)
+
+
 def layer_impls(model: torch.nn.Module) -> Dict[str, str]:
     """{qualified name: impl} of every MSDA layer; an mmcv layer left unconverted has none."""
     return {name: getattr(m, "impl", "mmcv") for name, m in msda_layers(model).items()}
+
+
+def tiny_dino_cfg(rel: str, num_classes: int, **msda: str) -> ConfigDict:
+    """The model of mmdet's 4-scale R50 DINO-family config ``rel`` (DINO, DDQ-DETR,
+    Grounding DINO) shrunk as mmdet's own tests do: ResNet-18 at 32 channels, 1 encoder and 2
+    decoder layers with 256-wide FFNs, 20 queries (10 denoising), ``num_classes`` classes, at
+    most 20 detections an image; ``model.msda`` set to ``msda``."""
+    cfg = mmdet_config(rel).model
+    cfg.msda = dict(msda)
+    cfg.backbone.update(depth=18, base_channels=32, init_cfg=None)
+    cfg.neck.in_channels = [64, 128, 256]
+    cfg.encoder.num_layers = 1
+    cfg.decoder.num_layers = 2
+    cfg.encoder.layer_cfg.ffn_cfg.feedforward_channels = 256
+    cfg.decoder.layer_cfg.ffn_cfg.feedforward_channels = 256
+    cfg.num_queries = 20
+    cfg.dn_cfg.group_cfg.num_dn_queries = 10
+    cfg.bbox_head.num_classes = num_classes
+    cfg.test_cfg.max_per_img = 20  # top-k over the 20 queries
+    return cfg
 
 
 def build(model_cfg: Config, seed: int = 0, init: bool = True) -> torch.nn.Module:

@@ -104,26 +104,21 @@ def data_options(root: str) -> List[str]:
     ]
 
 
+def train_args(config: str, work: str, *args: str, options: Sequence[str] = ()) -> List[str]:
+    """``run_tool``'s arguments for ``tools/train.py config --work-dir work *args
+    --cfg-options *options``."""
+    return ["tools/train.py", config, "--work-dir", str(work), *args, "--cfg-options", *options]
+
+
 def train_tool(
     data_root: str, work: str, *args: str, options: Sequence[str] = (), timeout: int = 600
 ) -> subprocess.CompletedProcess:
     """``tools/train.py`` on the small Deformable DETR for one epoch on the shapes set at
     ``data_root``, logging every iteration, into ``work``; ``args`` (e.g. ``--amp``) go before
     ``--cfg-options``, ``options`` after the data roots (a later option wins)."""
-    cfg_options = [*data_options(data_root), "train_cfg.max_epochs=1", *options]
-    return run_tool(
-        [
-            "tools/train.py",
-            SMALL_DETR,
-            *args,
-            "--work-dir",
-            str(work),
-            "--cfg-options",
-            "default_hooks.logger.interval=1",
-            *cfg_options,
-        ],
-        timeout=timeout,
-    )
+    cfg_options = ["default_hooks.logger.interval=1", *data_options(data_root)]
+    cfg_options += ["train_cfg.max_epochs=1", *options]
+    return run_tool(train_args(SMALL_DETR, work, *args, options=cfg_options), timeout=timeout)
 
 
 def main_job_checkpoint() -> Optional[str]:

@@ -17,8 +17,8 @@ from mmengine.runner import Runner
 
 import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
 from npudet.engine.cli import (
-    add_common_args,
     add_run_hooks,
+    config_parser,
     fail,
     load_config,
     run_checks,
@@ -36,14 +36,12 @@ from npudet.engine.preflight import (
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Evaluate a detector checkpoint")
-    parser.add_argument("config", help="test config file path")
+    parser = config_parser("Evaluate a detector checkpoint", "test config file path")
     parser.add_argument("checkpoint", help="checkpoint file")
     parser.add_argument("--out", help="dump predictions to this pickle file (.pkl)")
     parser.add_argument("--show", action="store_true", help="show predictions in a window")
     parser.add_argument("--show-dir", help="save drawn predictions under WORK_DIR/TIMESTAMP/")
     parser.add_argument("--wait-time", type=float, default=2, help="--show interval (s)")
-    add_common_args(parser)
     return parser.parse_args()
 
 

@@ -17,7 +17,7 @@ from mmengine.runner import Runner
 import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
 from npudet.engine.amp import amp_optim_wrapper
 from npudet.engine.cli import (
-    add_common_args,
+    config_parser,
     fail,
     guard_training,
     load_config,
@@ -38,8 +38,7 @@ from npudet.hooks import compile_with_hook, launch_env_setup, train_keeping_prog
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Train a detector")
-    parser.add_argument("config", help="train config file path")
+    parser = config_parser("Train a detector", "train config file path")
     parser.add_argument(
         "--amp",
         action="store_true",
@@ -68,7 +67,6 @@ def parse_args() -> argparse.Namespace:
         help="resume from this checkpoint, or (no value) from the one the work dir's "
         "last_checkpoint names, else its newest epoch_N.pth / iter_N.pth",
     )
-    add_common_args(parser)
     return parser.parse_args()
 
 

@@ -20,7 +20,12 @@ import argparse
 import os
 
 from npudet.engine.cli import fail
-from npudet_dev.ablation.iteration_bench import bench_iteration, parse_size, report_again
+from npudet_dev.ablation.iteration_bench import (
+    add_run_options,
+    bench_iteration,
+    report_again,
+    run_options,
+)
 from npudet_dev.ablation.iteration_report import header, markdown_table
 
 
@@ -33,22 +38,13 @@ def main() -> None:
         help="comma-separated: stock and/or npudet MSDA implementations; IMPL@T runs IMPL on "
         "T threads, a round-off control (e.g. stock@1)",
     )
-    parser.add_argument(
-        "--size",
-        default=None,
-        help="WxH of the generated images (default: the config's test resize)",
-    )
-    parser.add_argument("--iters", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=1, help="iterations left out of medians")
+    add_run_options(parser, iters=4, warmup_help="iterations left out of medians")
     parser.add_argument(
         "--rounds",
         type=int,
         default=2,
         help="times each run is repeated, interleaved round by round (timings pool the rounds)",
     )
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", default=None)
     parser.add_argument("--json", required=True, help="output JSON; .md and .png next to it")
     parser.add_argument(
         "--keep-runs",
@@ -70,20 +66,14 @@ def main() -> None:
         return
     if not args.config:
         fail("a config is needed (or --report-only)")
-    name = os.path.splitext(os.path.basename(args.config))[0]
     try:
         result = bench_iteration(
             args.config,
             [i.strip() for i in args.impls.split(",") if i.strip()],
-            args.iters,
-            args.warmup,
-            args.work_dir or os.path.join("work_dirs", "bench_iteration", name),
-            size=parse_size(args.size) if args.size else None,
-            seed=args.seed,
-            threads=args.threads,
             json_out=args.json,
             keep_runs=args.keep_runs,
             rounds=args.rounds,
+            **run_options(args, "bench_iteration"),
         )
     except ValueError as err:
         fail(str(err))

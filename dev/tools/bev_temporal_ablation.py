@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 
 import npudet.plugin  # noqa: F401  (registers what the configs name; checkpoint loading)
-from npudet.engine.cli import add_common_args, fail
+from npudet.engine.cli import config_parser, fail
 from npudet_dev.ablation.bev_temporal import temporal_ablation
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="BEV temporal self-attention ablation")
-    parser.add_argument("config", help="BEV train config file path")
-    add_common_args(parser)
+    parser = config_parser("BEV temporal self-attention ablation", "BEV train config file path")
     args = parser.parse_args()
     if args.launcher != "none":
         fail("--launcher: the ablation runs its two trainings in one process, without a launcher")

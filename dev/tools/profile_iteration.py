@@ -16,7 +16,7 @@ import argparse
 import os
 
 from npudet.engine.cli import fail
-from npudet_dev.ablation.iteration_bench import parse_size
+from npudet_dev.ablation.iteration_bench import add_run_options, run_options
 from npudet_dev.ablation.op_profile.run import profile_iteration, write_outputs
 
 
@@ -24,28 +24,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
     parser.add_argument("--impl", default="cpu", help="the npudet MSDA implementation")
-    parser.add_argument(
-        "--size", default=None, help="WxH of the generated images (default: the config's)"
-    )
-    parser.add_argument("--iters", type=int, default=2)
-    parser.add_argument("--warmup", type=int, default=1, help="iterations left unprofiled")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", default=None)
+    add_run_options(parser, iters=2, warmup_help="iterations left unprofiled")
     parser.add_argument("--json", required=True, help="output JSON; the .md beside it")
     args = parser.parse_args()
-    name = os.path.splitext(os.path.basename(args.config))[0]
     try:
-        result = profile_iteration(
-            args.config,
-            args.impl,
-            args.iters,
-            args.warmup,
-            args.work_dir or os.path.join("work_dirs", "profile_iteration", name),
-            size=parse_size(args.size) if args.size else None,
-            seed=args.seed,
-            threads=args.threads,
-        )
+        result = profile_iteration(args.config, args.impl, **run_options(args, "profile_iteration"))
     except ValueError as err:
         fail(str(err))
     print(write_outputs(result, args.json), end="")

@@ -54,6 +54,15 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def config_parser(description: str, config_help: str) -> argparse.ArgumentParser:
+    """The argument parser of a tool run on a config: ``config`` (``config_help``) and
+    :func:`add_common_args`' options; the tool adds its own."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("config", help=config_help)
+    add_common_args(parser)
+    return parser
+
+
 def fail(message: str) -> NoReturn:
     """Print one error line and exit with status 2."""
     print(f"error: {message}", file=sys.stderr)

@@ -19,8 +19,9 @@ import os
 import re
 
 import pytest
+from iteration_tool_util import run_iteration_tool
 from matplotlib.colors import to_hex
-from plugin_util import ROOT, run_tool
+from plugin_util import ROOT
 
 from npudet.benchmark import conditions
 from npudet_dev.ablation.iteration_bench import (
@@ -53,29 +54,9 @@ ITERS = 2
 @pytest.mark.slow
 def test_bench_iteration_small_dino(tmp_path) -> None:
     out = tmp_path / "bench.json"
-    proc = run_tool(
-        [
-            "dev/tools/bench_iteration.py",
-            CONFIG,
-            "--impls",
-            ",".join(IMPLS),
-            "--size",
-            "160x160",
-            "--iters",
-            str(ITERS),
-            "--warmup",
-            "1",
-            "--rounds",
-            "1",
-            "--work-dir",
-            str(tmp_path / "work"),
-            "--json",
-            str(out),
-        ],
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    args = ["--impls", ",".join(IMPLS), "--size", "160x160", "--iters", str(ITERS)]
+    args += ["--warmup", "1", "--rounds", "1"]
+    result, _ = run_iteration_tool("dev/tools/bench_iteration.py", CONFIG, out, *args)
     assert result["reference"] == "stock" and result["input"] == "160x160"
     assert result["machine"]["cpu_model"] and result["machine"]["aten_capability"]
     assert list(result["runs"]) == list(IMPLS) == list(result["summary"])

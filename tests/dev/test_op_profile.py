@@ -13,13 +13,13 @@ tool end to end (its own process, a generated batch, JSON and table).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import List
 
 import pytest
 import torch
-from plugin_util import SMALL_DETR, SMALL_DINO, build_model, run_tool, small_cfg
+from iteration_tool_util import run_iteration_tool
+from plugin_util import SMALL_DETR, SMALL_DINO, build_model, small_cfg
 
 from npudet.ops.msda.observe import active_observers
 from npudet_dev.ablation.op_profile.report import markdown
@@ -276,27 +276,8 @@ def test_stock_is_refused(tmp_path) -> None:
 @pytest.mark.slow
 def test_profile_iteration_tool(tmp_path) -> None:
     out = tmp_path / "profile.json"
-    proc = run_tool(
-        [
-            "dev/tools/profile_iteration.py",
-            SMALL_DETR,
-            "--impl",
-            "cpu",
-            "--size",
-            "96x96",
-            "--iters",
-            "2",
-            "--warmup",
-            "1",
-            "--work-dir",
-            str(tmp_path / "work"),
-            "--json",
-            str(out),
-        ],
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    args = ["--impl", "cpu", "--size", "96x96", "--iters", "2", "--warmup", "1"]
+    result, proc = run_iteration_tool("dev/tools/profile_iteration.py", SMALL_DETR, out, *args)
     assert result["input"] == "96x96" and result["impl"] == "cpu"
     assert result["profile"]["iterations"] == 1 == len(result["profile_iterations"])
     assert result["machine"]["cpu_model"] and len(result["conditions"]["load_1m"]) == 2

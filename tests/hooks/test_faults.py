@@ -30,7 +30,7 @@ from hooks_util import KEYS, QUERIES, SHAPES, RandomSet, toy_runner
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
-from plugin_util import ROOT, SMALL_DETR, data_options, run_tool
+from plugin_util import ROOT, SMALL_DETR, data_options, run_tool, train_args
 from torch.utils.data import Dataset
 
 import npudet.hooks  # noqa: F401  (register)
@@ -490,18 +490,8 @@ def interrupted(tiny_shapes, tmp_path_factory) -> Dict:
     opts.append("train_dataloader.dataset.indices=4")
 
     def args(*extra: str, epochs: int) -> List[str]:
-        return [
-            "tools/train.py",
-            SMALL_DETR,
-            "--work-dir",
-            work,
-            "--msda-impl",
-            impl,
-            *extra,
-            "--cfg-options",
-            *opts,
-            f"train_cfg.max_epochs={epochs}",
-        ]
+        options = [*opts, f"train_cfg.max_epochs={epochs}"]
+        return train_args(SMALL_DETR, work, "--msda-impl", impl, *extra, options=options)
 
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
     log = os.path.join(os.path.dirname(work), "first.log")

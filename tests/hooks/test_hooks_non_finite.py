@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import List, Optional
 
 import numpy as np
 import pytest
@@ -20,14 +21,20 @@ def _params(runner) -> dict:
     return {k: v.detach().clone() for k, v in runner.model.state_dict().items()}
 
 
-def test_stop_raises_before_the_step_and_keeps_the_checkpoint(tmp_path):
-    runner = toy_runner(
+def _runner(tmp_path, nan_at: List[int], checkpoint_interval: Optional[int] = None, **hook):
+    """The toy runner for 6 iterations with a ``NonFiniteLossHook(**hook)``, the loss NaN on
+    the samples ``nan_at``."""
+    return toy_runner(
         str(tmp_path),
-        [{"type": "NonFiniteLossHook", "action": "stop"}],
+        [{"type": "NonFiniteLossHook", **hook}],
         max_iters=6,
-        nan_at=[NAN_SAMPLE],
-        checkpoint_interval=2,
+        nan_at=nan_at,
+        checkpoint_interval=checkpoint_interval,
     )
+
+
+def test_stop_raises_before_the_step_and_keeps_the_checkpoint(tmp_path):
+    runner = _runner(tmp_path, [NAN_SAMPLE], checkpoint_interval=2, action="stop")
     with pytest.raises(NonFiniteLossError, match=r"iteration 5.*loss_mse=nan.*iter_4\.pth"):
         runner.train()
     assert runner.iter == 4
@@ -41,12 +48,7 @@ def test_stop_raises_before_the_step_and_keeps_the_checkpoint(tmp_path):
 
 
 def test_skip_drops_the_update_and_trains_on(tmp_path):
-    runner = toy_runner(
-        str(tmp_path),
-        [{"type": "NonFiniteLossHook", "action": "skip"}],
-        max_iters=6,
-        nan_at=[NAN_SAMPLE],
-    )
+    runner = _runner(tmp_path, [NAN_SAMPLE], action="skip")
     runner.train()
     hook = next(h for h in runner.hooks if type(h).__name__ == "NonFiniteLossHook")
     assert runner.iter == 6 and hook.skipped == 1
@@ -57,12 +59,8 @@ def test_skip_drops_the_update_and_trains_on(tmp_path):
 
 
 def test_skip_stops_after_too_many_in_a_row(tmp_path):
-    runner = toy_runner(
-        str(tmp_path),
-        [{"type": "NonFiniteLossHook", "action": "skip", "max_consecutive_skips": 1}],
-        max_iters=6,
-        nan_at=[6, 8],  # the 4th and 5th iterations
-    )
+    # NaN in the 4th and 5th iterations
+    runner = _runner(tmp_path, [6, 8], action="skip", max_consecutive_skips=1)
     with pytest.raises(NonFiniteLossError, match="1 consecutive updates skipped"):
         runner.train()
     assert runner.iter == 4

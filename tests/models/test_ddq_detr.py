@@ -15,15 +15,7 @@ import torch
 from mmdet.structures import DetDataSample
 from mmdet.testing import demo_mm_inputs
 from mmengine.config import ConfigDict
-from msda_models_util import (
-    IMPLS,
-    assert_ran_on,
-    assert_same_step,
-    build,
-    layer_impls,
-    mmdet_config,
-    record_msda,
-)
+from msda_models_util import IMPLS, assert_same_step, build, layer_impls, running_on, tiny_dino_cfg
 
 from npudet.ops import msda_impls
 
@@ -34,19 +26,7 @@ SHAPES = ((3, 96, 128), (3, 80, 112))
 
 
 def tiny_model_cfg(impl: str, **parts: str) -> ConfigDict:
-    cfg = mmdet_config(CONFIG).model
-    cfg.msda = dict(impl=impl, **parts)
-    cfg.backbone.update(depth=18, base_channels=32, init_cfg=None)
-    cfg.neck.in_channels = [64, 128, 256]
-    cfg.encoder.num_layers = 1
-    cfg.decoder.num_layers = 2
-    cfg.encoder.layer_cfg.ffn_cfg.feedforward_channels = 256
-    cfg.decoder.layer_cfg.ffn_cfg.feedforward_channels = 256
-    cfg.num_queries = 20
-    cfg.dn_cfg.group_cfg.num_dn_queries = 10
-    cfg.bbox_head.num_classes = 3
-    cfg.test_cfg.max_per_img = 20  # top-k over 20 queries x 3 classes
-    return cfg
+    return tiny_dino_cfg(CONFIG, 3, impl=impl, **parts)
 
 
 def batch(num_items=(2, 3)) -> dict:
@@ -71,7 +51,7 @@ def test_loss_predict_tensor_on_npudet_layers(impl: str) -> None:
     assert names == {"encoder.layers.0.self_attn"} | {
         f"decoder.layers.{i}.cross_attn" for i in range(2)
     }
-    with record_msda(model) as record:
+    with running_on(model, impl) as record:
         data = model.data_preprocessor(batch((0,)), True)
         empty = scalars(model(**data, mode="loss"))
         for key, loss in empty.items():
@@ -90,7 +70,6 @@ def test_loss_predict_tensor_on_npudet_layers(impl: str) -> None:
             results = model(**data, mode="predict")
     assert len(results) == 2 and isinstance(results[0], DetDataSample)
     assert results[0].pred_instances.bboxes.shape[-1] == 4
-    assert_ran_on(record, model, impl)
     assert all(n == 4 for n in record.layers.values())  # once per forward
 
 

@@ -14,15 +14,7 @@ import torch
 from mmdet.structures import DetDataSample
 from mmdet.testing import demo_mm_inputs
 from mmengine.config import ConfigDict
-from msda_models_util import (
-    IMPLS,
-    assert_ran_on,
-    assert_same_step,
-    build,
-    layer_impls,
-    mmdet_config,
-    record_msda,
-)
+from msda_models_util import IMPLS, assert_same_step, build, layer_impls, mmdet_config, running_on
 
 from npudet.models import convert_msda
 from npudet.ops import msda_impls
@@ -82,7 +74,7 @@ def test_loss_predict_tensor_on_npudet_layers(rel: str, impl: str) -> None:
         f"panoptic_head.pixel_decoder.encoder.layers.{i}.self_attn" for i in range(2)
     }
     assert model.msda_impls["encoder"] == impl
-    with record_msda(model) as record:
+    with running_on(model, impl) as record:
         data = model.data_preprocessor(batch(rel), True)
         losses = model(**data, mode="loss")
         assert isinstance(losses, dict) and losses
@@ -98,7 +90,6 @@ def test_loss_predict_tensor_on_npudet_layers(rel: str, impl: str) -> None:
             data = model.data_preprocessor(batch(rel, ((3, 128, 128), (3, 125, 130))), False)
             out = model(**data, mode="tensor")
             assert isinstance(out, tuple)
-    assert_ran_on(record, model, impl)
     assert all(n == 3 for n in record.layers.values())  # once per mode
 
 
@@ -164,9 +155,8 @@ def test_pixel_decoder(impl: str) -> None:
     decoder.init_weights()
     assert convert_msda(decoder, impl) == 6
     feats = [torch.rand(2, base * 2**i, 4 * 2 ** (3 - i), 5 * 2 ** (3 - i)) for i in range(4)]
-    with record_msda(decoder) as record:
+    with running_on(decoder, impl):
         mask_feature, multi_scale = decoder(feats)
-    assert_ran_on(record, decoder, impl)
     assert mask_feature.shape == feats[0].shape
     assert len(multi_scale) == 3
     for out, feat in zip(multi_scale[::-1], feats[1:]):

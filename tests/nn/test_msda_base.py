@@ -106,13 +106,15 @@ def test_mmcv_layer_keeps_mmcv_parameters(ratio: float) -> None:
     ours.load_state_dict(ref.state_dict(), strict=True)
 
 
-def _switched_calls(model: nn.Module, run) -> dict:
-    """{layer name: set of implementations} of every MSDA call ``run()`` makes."""
+def _switched_calls(model: nn.Module, batch: dict) -> dict:
+    """{layer name: set of implementations} of every MSDA call ``model`` makes computing its
+    training losses on ``batch`` (no gradients)."""
     capture = MSDACapture()
     capture.attach(model)
     try:
-        with observing(capture):
-            run()
+        model.train()
+        with observing(capture), torch.no_grad():
+            model(**model.data_preprocessor(batch, True), mode="loss")
         calls = {}
         for name, call in capture.calls:
             calls.setdefault(name.split("#")[0], set()).add(call.impl)
@@ -134,13 +136,7 @@ def test_every_detr_layer_found_and_switched(config: str) -> None:
     assert len(names) == cfg.model.encoder.num_layers + cfg.model.decoder.num_layers == 6
     mmcv_layers = [m for m in model.modules() if isinstance(m, MMCVMSDA)]
     assert len(mmcv_layers) == len(names)
-
-    def run() -> None:
-        model.train()
-        with torch.no_grad():
-            model(**model.data_preprocessor(fake_batch(), True), mode="loss")
-
-    assert _switched_calls(model, run) == _expect(names, "grid_sample", "cpu")
+    assert _switched_calls(model, fake_batch()) == _expect(names, "grid_sample", "cpu")
 
 
 def test_every_bev_layer_found_and_switched() -> None:
@@ -157,13 +153,7 @@ def test_every_bev_layer_found_and_switched() -> None:
         "encoder": "grid_sample",
         "decoder": "cpu",
     }
-
-    def run() -> None:
-        model.train()
-        with torch.no_grad():
-            model(**model.data_preprocessor(random_batch(), True), mode="loss")
-
-    assert _switched_calls(model, run) == _expect(names, "grid_sample", "cpu")
+    assert _switched_calls(model, random_batch()) == _expect(names, "grid_sample", "cpu")
 
 
 def test_switching_needs_no_layer_classes() -> None:

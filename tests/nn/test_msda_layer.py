@@ -22,18 +22,11 @@ MODULES = {"mmcv-subclass": MultiScaleDeformableAttention, "torch-only": MSDefor
 
 def _pair(batch_first: bool, impl: str, module: str = "mmcv-subclass"):
     torch.manual_seed(0)
-    ref = MMCVMSDA(
+    kw = dict(
         embed_dims=32, num_heads=4, num_levels=3, num_points=2, dropout=0.0, batch_first=batch_first
     )
-    ours = MODULES[module](
-        embed_dims=32,
-        num_heads=4,
-        num_levels=3,
-        num_points=2,
-        dropout=0.0,
-        batch_first=batch_first,
-        impl=impl,
-    )
+    ref = MMCVMSDA(**kw)
+    ours = MODULES[module](**kw, impl=impl)
     with torch.no_grad():  # non-trivial offsets / weights so that sampling matters
         for p in ref.parameters():
             p.add_(torch.randn_like(p) * 0.1)

@@ -9,7 +9,7 @@ from typing import Dict, List
 import checkpoint_compare as compare
 import pytest
 from msda_perturbed import NAME as NEGATIVE
-from plugin_util import SMALL_DETR, data_options, run_tool
+from plugin_util import SMALL_DETR, data_options, run_tool, train_args
 
 from npudet.ops import msda_impls
 
@@ -26,19 +26,7 @@ def _train(work: str, impl: str, data: str, epochs: int, *extra: str) -> None:
         f"train_cfg.val_interval={epochs}",
         "default_hooks.checkpoint.max_keep_ckpts=-1",
     ]
-    proc = run_tool(
-        [
-            "tools/train.py",
-            SMALL_DETR,
-            "--work-dir",
-            work,
-            "--msda-impl",
-            impl,
-            *extra,
-            "--cfg-options",
-            *opts,
-        ]
-    )
+    proc = run_tool(train_args(SMALL_DETR, work, "--msda-impl", impl, *extra, options=opts))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

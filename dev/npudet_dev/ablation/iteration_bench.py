@@ -18,6 +18,7 @@ deviation per iteration, and whether the speed-up is ``loaded`` (the rule of ``c
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -82,6 +83,32 @@ def parse_size(text: str) -> Tuple[int, int]:
     except ValueError as err:
         raise ValueError(f"--size: expected WxH, e.g. 1333x800, got {text!r}") from err
     return width, height
+
+
+def add_run_options(parser: argparse.ArgumentParser, iters: int, warmup_help: str) -> None:
+    """The command-line options of a run (``dev/tools/bench_iteration.py``,
+    ``profile_iteration.py``): ``--size --iters --warmup --threads --seed --work-dir``."""
+    parser.add_argument(
+        "--size",
+        default=None,
+        help="WxH of the generated images (default: the config's test resize)",
+    )
+    parser.add_argument("--iters", type=int, default=iters)
+    parser.add_argument("--warmup", type=int, default=1, help=warmup_help)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", default=None)
+
+
+def run_options(args: argparse.Namespace, tool: str) -> Dict[str, Any]:
+    """:func:`bench_iteration`'s ``iters warmup work_dir size seed threads`` from
+    :func:`add_run_options`' options; the work dir by default ``work_dirs/TOOL/CONFIG``.
+    Raises ValueError on a bad ``--size``."""
+    name = os.path.splitext(os.path.basename(args.config))[0]
+    options = {key: getattr(args, key) for key in ("iters", "warmup", "seed", "threads")}
+    options["work_dir"] = args.work_dir or os.path.join("work_dirs", tool, name)
+    options["size"] = parse_size(args.size) if args.size else None
+    return options
 
 
 def config_input_size(cfg: Config) -> Tuple[int, int]:

@@ -154,30 +154,15 @@ def test_route_limits_match_the_shipped_packages():
     [4, 8], head_dim [32, 256], points [4, 8]; its aclnn kernel: head_dim % 8 == 0,
     32 <= num_queries < 500000, levels <= 16.
     """
-    mx, mmcv = ROUTES["mx_driving"], ROUTES["mmcv"]
-    assert mx == VendorRoute(
-        "mx_driving",
-        kernel_dtypes=(torch.float32,),
-        heads=(1, 8),
-        head_dim=(1, 256),
-        head_dim_multiple=8,
-        points=(1, None),
-        max_levels=None,
-        max_levels_x_points=64,
-        queries=(1, None),
-    )
-    assert mmcv == VendorRoute(
-        "mmcv",
-        kernel_dtypes=(torch.float32,),
-        heads=(4, 8),
-        head_dim=(32, 256),
-        head_dim_multiple=8,
-        points=(4, 8),
-        max_levels=16,
-        max_levels_x_points=None,
-        queries=(32, 499_999),
-    )
-    assert set(ROUTES) == {"mx_driving", "mmcv"}  # torch_npu exposes no MSDA op of its own
+    f32 = (torch.float32,)
+    # VendorRoute's fields in order: kernel dtypes, heads, head_dim, head_dim multiple, points,
+    # max levels, max levels x points, queries
+    pinned = {
+        "mx_driving": (f32, (1, 8), (1, 256), 8, (1, None), None, 64, (1, None)),
+        "mmcv": (f32, (4, 8), (32, 256), 8, (4, 8), 16, None, (32, 499_999)),
+    }
+    # and no other: torch_npu exposes no MSDA op of its own
+    assert ROUTES == {name: VendorRoute(name, *limits) for name, limits in pinned.items()}
 
 
 @pytest.mark.parametrize(
