@@ -241,20 +241,15 @@ def check_work_dir(work_dir: str) -> None:
 
 
 def check_environment() -> None:
-    """The MSDA op library's environment variables hold documented values
-    (``NPUDET_TRITON_SCHEDULE``: cuda / ascend; ``NPUDET_CPU_SANITIZE``: 1 / 0): a typo stops
-    here with one line, not as a traceback at the first forward after the work dir exists,
-    nor as a switch to another build."""
-    from npudet.ops.msda.backends.cpu_library import sanitize_requested
-    from npudet.ops.msda.kernels.triton_launch import forced_schedule
+    """The environment variables of the op library and the device hold documented values
+    (``npudet.ops.environment``: ``NPUDET_TRITON_SCHEDULE``, ``NPUDET_CPU_SANITIZE``,
+    ``NPUDET_SIMULATED_NPU``): a typo stops here with one line, not as a traceback at the first
+    forward after the work dir exists, nor as a switch to another build or device."""
+    from npudet.ops.environment import environment_problem
 
-    try:
-        forced_schedule()
-    except ValueError as err:
-        raise PreflightError(str(err)) from None
-    sanitize = sanitize_requested()
-    if isinstance(sanitize, str):
-        raise PreflightError(sanitize)
+    problem = environment_problem()
+    if problem:
+        raise PreflightError(problem)
 
 
 def check_train_length(cfg: Config) -> None:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from typing import Optional
 
@@ -33,6 +34,22 @@ def simulated_npu() -> bool:
     """Whether ``npu`` is npudet's simulated device (its torch_npu stand-in, loaded with
     ``NPUDET_SIMULATED_NPU=1``, reports CANN as ``"simulated"``)."""
     return getattr(torch.version, "cann", None) == "simulated"
+
+
+SIMULATED_NPU_ENV = "NPUDET_SIMULATED_NPU"
+
+
+def simulated_npu_problem() -> Optional[str]:
+    """Why ``NPUDET_SIMULATED_NPU`` holds a value npudet does not take (None if it takes it):
+    only ``1`` turns the simulation on (the ``.pth`` line of ``tools/setup.sh`` compares with
+    it), so ``yes`` or ``true`` would run on the CPU without a word."""
+    value = os.environ.get(SIMULATED_NPU_ENV, "")
+    if value in ("", "0", "1"):
+        return None
+    return (
+        f"{SIMULATED_NPU_ENV}={value!r}: expected 1 (the simulated NPU of ops/npu_sim) or "
+        "0 / unset (no simulation)"
+    )
 
 
 def current_device_type() -> str:

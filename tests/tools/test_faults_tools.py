@@ -2,8 +2,9 @@
 6 and 7): an unwritable ``tools/export.py --out`` (it failed after tracing), a non-ONNX file
 or missing data for ``tools/deployment/eval_export.py``, unknown names and unwritable files for
 ``tools/misc/check_device.py`` (it ran the whole check, then failed or said "saved" without
-writing), the op library's environment variables with undocumented values, and a work dir
-``tools/test.py`` cannot write (a traceback after the model was loaded).
+writing), the environment variables with undocumented values (issue 57: in check_device too,
+and ``NPUDET_SIMULATED_NPU``), and a work dir ``tools/test.py`` cannot write (a traceback after
+the model was loaded).
 """
 
 from __future__ import annotations
@@ -179,29 +180,37 @@ def test_check_device_saves_nothing_when_nothing_was_checked(tmp_path, monkeypat
     assert "saved verification" not in out and not path.exists()
 
 
-# -- the op library's environment variables, the work dir of tools/test.py ----------------
-@pytest.mark.parametrize(
-    ("variable", "value", "message"),
-    [
-        (
-            "NPUDET_TRITON_SCHEDULE",
-            "banana",
-            "NPUDET_TRITON_SCHEDULE='banana': expected 'cuda' or 'ascend' (or unset)",
-        ),
-        (
-            "NPUDET_CPU_SANITIZE",
-            "banana",
-            "NPUDET_CPU_SANITIZE='banana': expected 1 (sanitized builds) or 0 / unset",
-        ),
-    ],
-)
+# -- the environment variables, the work dir of tools/test.py ----------------------------
+# (variable, an undocumented value, the line every tool stops with)
+BAD_ENVIRONMENT = [
+    (
+        "NPUDET_TRITON_SCHEDULE",
+        "banana",
+        "NPUDET_TRITON_SCHEDULE='banana': expected 'cuda' or 'ascend' (or unset)",
+    ),
+    (
+        "NPUDET_CPU_SANITIZE",
+        "banana",
+        "NPUDET_CPU_SANITIZE='banana': expected 1 (sanitized builds) or 0 / unset",
+    ),
+    (
+        "NPUDET_SIMULATED_NPU",
+        "yes",
+        "NPUDET_SIMULATED_NPU='yes': expected 1 (the simulated NPU of ops/npu_sim) or 0 / unset "
+        "(no simulation)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), BAD_ENVIRONMENT)
 @pytest.mark.parametrize("tool", ["train.py", "test.py"])
 def test_an_undocumented_environment_value_stops_the_preflight(
     tool, variable, value, message, tmp_path, monkeypatch, capsys
 ) -> None:
     """``NPUDET_TRITON_SCHEDULE=banana`` was a traceback at the first Triton call, after the
     work dir existed; any non-empty ``NPUDET_CPU_SANITIZE`` switched to the slow sanitizer
-    build (now the cpu kernel is refused, and ``auto`` would quietly train without it)."""
+    build (now the cpu kernel is refused, and ``auto`` would quietly train without it);
+    ``NPUDET_SIMULATED_NPU=yes`` trained on the CPU without a word."""
     monkeypatch.setenv(variable, value)
     work = tmp_path / "work"
     args = [SMALL_DETR, *([str(tmp_path / "none.pth")] if tool == "test.py" else [])]
@@ -209,6 +218,17 @@ def test_an_undocumented_environment_value_stops_the_preflight(
     err = _tool(os.path.join(ROOT, "tools", tool), args, monkeypatch, capsys)
     assert err == [f"error: {message}"]
     assert not work.exists()
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), BAD_ENVIRONMENT)
+def test_check_device_checks_the_environment_first(
+    variable, value, message, monkeypatch, capsys
+) -> None:
+    """``NPUDET_TRITON_SCHEDULE=banana`` ran the whole check and showed as a failed Triton
+    parity check; the device check now stops with the preflight's line."""
+    monkeypatch.setenv(variable, value)
+    err = _tool(CHECK_DEVICE, ["--device", "cpu", "--fast"], monkeypatch, capsys)
+    assert err == [f"check_device.py: error: {message}"]
 
 
 def test_test_py_work_dir_behind_a_file(tmp_path, blocker, monkeypatch, capsys) -> None:

@@ -29,6 +29,7 @@ from typing import List, Optional
 
 from npudet.benchmark import device_check
 from npudet.benchmark.cases import parse_case
+from npudet.ops.environment import environment_problem
 from npudet.ops.msda.registry import registered_impls
 from npudet.ops.msda.verification import records
 from npudet.utils.device import current_device_type
@@ -59,6 +60,12 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     )
     parser.add_argument("--child", choices=("parity", "bench"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # Before the device is probed: NPUDET_SIMULATED_NPU decides which one there is, and a bad
+    # NPUDET_TRITON_SCHEDULE would be reported as a failed Triton parity check. No usage line:
+    # the command line is not at fault.
+    problem = environment_problem()
+    if problem:
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
     args.device = (args.device or current_device_type()).lower()
     problem = device_problem(args.device)
     if problem:
