@@ -33,7 +33,7 @@ from npudet.engine.preflight import (
     check_msda,
     check_train_length,
 )
-from npudet.engine.resume import plan_resume
+from npudet.engine.resume import plan_resume, resume_config_warning
 from npudet.hooks import compile_with_hook, launch_env_setup, train_keeping_progress
 
 
@@ -122,6 +122,10 @@ def main() -> None:
         runner.logger.info(msda_summary(runner.model))
         if resume_note:
             runner.logger.info(resume_note)
+        if cfg.get("resume") and cfg.load_from:
+            warning = resume_config_warning(cfg.load_from, runner.cfg)
+            if warning:
+                runner.logger.warning(warning)
         train_keeping_progress(runner)
 
     try:

@@ -15,6 +15,7 @@ from npudet.hooks.atomic_checkpoint import CheckpointSaveError
 from npudet.hooks.non_finite_loss import NonFiniteLossError
 from npudet.hooks.run_guard import CheckpointCorruptError, NothingTrainedError, TrainingInterrupted
 
+from .cfg_options import apply_cfg_options
 from .preflight import PreflightError
 from .work_dir_lock import lock_work_dir
 
@@ -80,9 +81,10 @@ def load_config(args: argparse.Namespace, default_work_root: str = "./work_dirs"
     cfg = Config.fromfile(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
-        for key, value in args.cfg_options.items():
-            _check_option_type(cfg, key, value)
-        cfg.merge_from_dict(args.cfg_options)
+        try:
+            apply_cfg_options(cfg, args.cfg_options)
+        except PreflightError as err:
+            fail(str(err))
     if args.msda_impl is not None:
         cfg.model.msda = dict(impl=args.msda_impl, encoder=None, decoder=None)
     if args.work_dir is not None:
@@ -91,27 +93,6 @@ def load_config(args: argparse.Namespace, default_work_root: str = "./work_dirs"
         name = os.path.splitext(os.path.basename(args.config))[0]
         cfg.work_dir = os.path.join(default_work_root, name)
     return cfg
-
-
-def _check_option_type(cfg: Config, key: str, value: Any) -> None:
-    """``--cfg-options key=value`` replacing a number of the config takes a number: else the
-    run fails minutes later without naming the key (``lr=4e-4x``: "can't multiply sequence
-    by non-int")."""
-    first, *rest = key.split(".")
-    if first not in cfg.keys():
-        return
-    old: Any = cfg.get(first)
-    for part in rest:
-        if isinstance(old, dict) and part in old:
-            old = old[part]
-        elif isinstance(old, (list, tuple)) and part.isdigit() and int(part) < len(old):
-            old = old[int(part)]
-        else:
-            return  # a new key: nothing to compare with
-    number = (int, float)
-    if isinstance(old, number) and not isinstance(old, bool):
-        if not isinstance(value, number) or isinstance(value, bool):
-            fail(f"--cfg-options {key}={value!r}: expected a number (the config has {old!r})")
 
 
 def run_checks(*checks: Callable[[], None]) -> None:

@@ -4,14 +4,18 @@ mmengine resumes from the path in ``WORK_DIR/last_checkpoint`` and, without that
 silently trains from scratch (overwriting ``epoch_1.pth`` ...); the file holds an absolute
 path, so a copied work dir resumes from the original's checkpoint. Here the newest
 checkpoint inside the checkpoint folder is taken instead whenever ``last_checkpoint`` is
-missing, names a missing file or points elsewhere, and the choice is said.
+missing, names a missing file or points elsewhere, and the choice is said; a
+``last_checkpoint`` that holds no path (binary bytes) stops the run, naming it.
+
+mmengine also resumes the optimizer's and the schedulers' state without a word about a config
+changed since the checkpoint: :func:`resume_config_warning` names every changed key.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from mmengine.config import Config
@@ -64,6 +68,30 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.dirname(os.path.realpath(path)) == os.path.realpath(folder)
 
 
+def _read_record(record: str, folder: str) -> Optional[str]:
+    """The path ``last_checkpoint`` holds (None when empty); PreflightError naming the file
+    when it cannot be read or holds no path (bytes that are not UTF-8, a NUL byte: a disk or
+    copy fault), which no fallback should paper over."""
+    try:
+        with open(record, "rb") as f:
+            raw = f.read()
+    except OSError as err:
+        problem = f"cannot be read ({err.strerror or err})"
+    else:
+        try:
+            text = raw.decode("utf-8")
+            problem = "holds a NUL byte" if "\0" in text else ""
+        except UnicodeDecodeError as err:
+            problem = f"holds bytes that are not UTF-8 (at byte {err.start})"
+        if not problem:
+            return text.strip() or None
+    raise PreflightError(
+        f"--resume: {record} {problem}; expected the path of a checkpoint (mmengine writes it "
+        f"there): delete the file to resume from the newest epoch_N.pth / iter_N.pth in "
+        f"{folder}, or pass one as --resume PATH"
+    )
+
+
 def find_resume_checkpoint(cfg: Config) -> Tuple[Optional[str], str]:
     """(checkpoint to resume from or None to start from scratch, the line saying which).
 
@@ -75,10 +103,7 @@ def find_resume_checkpoint(cfg: Config) -> Tuple[Optional[str], str]:
     if folder is None:
         return None, ""
     record = os.path.join(work_dir, "last_checkpoint")
-    recorded = None
-    if os.path.isfile(record):
-        with open(record) as f:
-            recorded = f.read().strip() or None
+    recorded = _read_record(record, folder) if os.path.isfile(record) else None
     if recorded and not os.path.isabs(recorded):
         recorded = os.path.join(work_dir, recorded)
     if recorded and _inside(recorded, folder) and os.path.isfile(recorded):
@@ -126,3 +151,66 @@ def plan_resume(cfg: Config) -> str:
     if path is None and note:
         cfg.resume = False  # else mmengine reads last_checkpoint again
     return note
+
+
+# Keys that differ between a run and its resumption by design: where it writes (work_dir),
+# what it starts from (resume, load_from) and how it was launched (launcher: the command line).
+RESUME_KEYS = ("work_dir", "resume", "load_from", "launcher")
+
+
+def _flatten(value: Any, prefix: str, out: Dict[str, Any]) -> Dict[str, Any]:
+    """``value`` as ``{dotted key: leaf}``: dicts by key, lists holding dicts or lists (a
+    pipeline, hooks) by index; anything else, an empty dict too, is a leaf."""
+    containers = (dict, list, tuple)
+    if isinstance(value, dict) and value:
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, containers) for v in value):
+        items = enumerate(value)
+    else:
+        out[prefix] = value
+        return out
+    for key, item in items:
+        _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def config_changes(path: str, cfg: Config) -> List[str]:
+    """``key (the checkpoint's value -> this run's)`` for every dotted key whose value differs
+    between the config saved in the checkpoint at ``path`` (mmengine's ``meta['cfg']``, the
+    text of its run's config) and ``cfg``, but :data:`RESUME_KEYS`; [] when the checkpoint
+    holds no config to compare with (one saved by another tool)."""
+    try:
+        text = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["meta"]["cfg"]
+        saved = _flatten(Config.fromstring(text, ".py").to_dict(), "", {})
+        # through text as the saved side, so that both hold the same types (tuples, lists)
+        current = _flatten(Config.fromstring(cfg.pretty_text, ".py").to_dict(), "", {})
+    except Exception:  # noqa: BLE001 - no meta, no cfg in it, or text that does not parse
+        return []
+    unset = object()
+    changes = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key, unset), current.get(key, unset)
+        if key.split(".")[0] not in RESUME_KEYS and old != new:
+            shown = [_short(v) if v is not unset else "unset" for v in (old, new)]
+            changes.append(f"{key} ({shown[0]} -> {shown[1]})")
+    return changes
+
+
+def resume_config_warning(path: str, cfg: Config) -> str:
+    """The line that warns of :func:`config_changes` when resuming from ``path`` ("" when
+    there are none): mmengine resumes the optimizer's and the parameter schedulers' state, so
+    a learning rate or schedule changed for the resumed run does not take effect."""
+    changes = config_changes(path, cfg)
+    if not changes:
+        return ""
+    return (
+        f"--resume: this run's config differs from the one {path} was trained with in "
+        f"{len(changes)} key(s): {'; '.join(changes)}; the optimizer (learning rates, momentum, "
+        "weight decay) and the parameter schedulers continue from the checkpoint's state, so "
+        "changes to them do not take effect"
+    )

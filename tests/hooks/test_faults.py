@@ -4,7 +4,9 @@ Each test reproduces one fault a new user hit and checks what happens now: ``--r
 without ``last_checkpoint`` or from a copied work dir, Ctrl-C / SIGTERM mid-run, flipped
 checkpoint bytes, bad annotation entries and images, class names that miss the config's,
 an unusable extension cache, an implementation unusable on the device, ``model.msda``
-given a string, a run that trains nothing, NaN sampling locations.
+given a string, a run that trains nothing, NaN sampling locations; (issue 57) a
+``last_checkpoint`` holding binary bytes, ``--resume`` with a changed config, a misspelled
+``--cfg-options`` key.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 import zipfile
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
 import pytest
 import torch
@@ -34,6 +36,7 @@ from plugin_util import ROOT, SMALL_DETR, data_options, run_tool, train_args
 from torch.utils.data import Dataset
 
 import npudet.hooks  # noqa: F401  (register)
+from npudet.engine.cfg_options import apply_cfg_options
 from npudet.engine.cli import run_guarded
 from npudet.engine.preflight import PreflightError, check_data, check_msda
 from npudet.engine.resume import find_resume_checkpoint, plan_resume
@@ -479,18 +482,46 @@ def test_resume_finds_the_newest_checkpoint_in_the_work_dir(tmp_path) -> None:
         find_resume_checkpoint(cfg)
 
 
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"\xff\xfe\x00\x01 a checkpoint's bytes", "holds bytes that are not UTF-8 (at byte 0)"),
+        (b"/work/epoch_1.pth\x00\x00\x00", "holds a NUL byte"),
+    ],
+)
+def test_a_damaged_last_checkpoint_is_named(
+    content, problem, tmp_path, monkeypatch, capsys
+) -> None:
+    """``last_checkpoint`` holding bytes that are not a path (a disk or copy fault) was a
+    ``UnicodeDecodeError`` / ``ValueError`` traceback from ``--resume``."""
+    work = tmp_path / "work"
+    work.mkdir()
+    _fake_ckpt(work / "epoch_1.pth", 4)
+    record = work / "last_checkpoint"
+    record.write_bytes(content)
+    err = _tool("train.py", [SMALL_DETR, "--work-dir", str(work), "--resume"], monkeypatch, capsys)
+    assert err == [
+        f"error: --resume: {record} {problem}; expected the path of a checkpoint (mmengine "
+        f"writes it there): delete the file to resume from the newest epoch_N.pth / "
+        f"iter_N.pth in {work}, or pass one as --resume PATH"
+    ]
+    assert sorted(os.listdir(work)) == ["epoch_1.pth", "last_checkpoint"]
+    assert record.read_bytes() == content
+
+
 @pytest.fixture(scope="module")
 def interrupted(tiny_shapes, tmp_path_factory) -> Dict:
     """tools/train.py on the tiny set, SIGINT after its first logged iteration; then
-    ``--resume`` with ``last_checkpoint`` deleted (the newest checkpoint is found)."""
+    ``--resume`` with ``last_checkpoint`` deleted (the newest checkpoint is found), for one
+    epoch instead of two and at twice the learning rate."""
     work = str(tmp_path_factory.mktemp("interrupted") / "work")
     impl = "cpu" if HAVE_CPU else "grid_sample"
     # 4 iterations of 1 image per epoch: the signal lands mid-epoch, the resume reruns 4.
     opts = [*data_options(tiny_shapes), *FAST, *NO_VAL, "train_dataloader.batch_size=1"]
     opts.append("train_dataloader.dataset.indices=4")
 
-    def args(*extra: str, epochs: int) -> List[str]:
-        options = [*opts, f"train_cfg.max_epochs={epochs}"]
+    def args(*extra: str, epochs: int, changed: Sequence[str] = ()) -> List[str]:
+        options = [*opts, f"train_cfg.max_epochs={epochs}", *changed]
         return train_args(SMALL_DETR, work, "--msda-impl", impl, *extra, options=options)
 
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
@@ -511,8 +542,9 @@ def interrupted(tiny_shapes, tmp_path_factory) -> Dict:
     output = Path(log).read_text()
     first = dict(code=proc.returncode, output=output)
     os.remove(os.path.join(work, "last_checkpoint"))
-    second = run_tool(args("--resume", epochs=1))
-    return dict(work=work, first=first, second=second)
+    lr = Config.fromfile(SMALL_DETR).optim_wrapper.optimizer.lr
+    second = run_tool(args("--resume", epochs=1, changed=[f"optim_wrapper.optimizer.lr={lr * 2}"]))
+    return dict(work=work, first=first, second=second, lr=lr)
 
 
 def test_sigint_saves_a_checkpoint_and_resume_continues(interrupted) -> None:
@@ -537,6 +569,29 @@ def test_sigint_saves_a_checkpoint_and_resume_continues(interrupted) -> None:
         f"(no {os.path.join(work, 'last_checkpoint')})"
     ) in second.stdout
     assert f"resumed epoch: {match.group(2)}, iter: {iters}" in second.stdout + second.stderr
+
+
+def test_resume_with_a_changed_config_warns(interrupted) -> None:
+    """``--resume`` at another learning rate trained at the checkpoint's without a word (the
+    dumped config said the new rate); one warning line in the log now names every changed key
+    (``resume`` and ``load_from`` differ by design and are left out)."""
+    work, lr = interrupted["work"], interrupted["lr"]
+    logs = [path.read_text() for path in Path(work).glob("*/*.log")]  # the two runs'
+    log = next(text for text in logs if "resumed epoch" in text)
+    lines = [line for text in logs for line in text.splitlines() if "config differs" in line]
+    assert len(lines) == 1 and " - WARNING - " in lines[0], lines
+    assert lines[0].endswith(
+        f"2 key(s): optim_wrapper.optimizer.lr ({lr!r} -> {lr * 2!r}); train_cfg.max_epochs "
+        "(2 -> 1); the optimizer (learning rates, momentum, weight decay) and the parameter "
+        "schedulers continue from the checkpoint's state, so changes to them do not take effect"
+    ), lines[0]
+    # What it says: the resumed run goes on with the first's warm-up (linear from 0.1 x the
+    # rate over 100 iterations: under twice its first value for 11 iterations, where twice
+    # the rate would start above it).
+    rate = r"Epoch\(train\).* lr: (\S+)"
+    first = float(re.findall(rate, interrupted["first"]["output"])[0])
+    resumed = [float(r) for r in re.findall(rate, log)]
+    assert resumed and max(resumed) < 2 * first, (first, resumed)
 
 
 def test_corrupt_training_checkpoint_stops_test_py(
@@ -619,6 +674,47 @@ def test_a_config_number_given_text_names_the_key(tmp_path, monkeypatch, capsys)
         "error: --cfg-options optim_wrapper.optimizer.lr='4e-4x': expected a number "
         "(the config has 0.0004)"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (
+            "train_cfg.max_epoch=1",
+            "train_cfg.max_epoch: unknown key: EpochBasedTrainLoop takes no 'max_epoch'; did "
+            "you mean 'max_epochs'?",
+        ),
+        (
+            "optim_wrapper.optimizer.weight_decy=0.1",
+            "optim_wrapper.optimizer.weight_decy: unknown key: AdamW takes no 'weight_decy'; "
+            "did you mean 'weight_decay'?",
+        ),
+        (
+            "default_hooks.checkpoint.intervall=2",
+            "default_hooks.checkpoint.intervall: unknown key: CheckpointHook takes no "
+            "'intervall'; did you mean 'interval'?",
+        ),
+    ],
+)
+def test_a_misspelled_option_names_the_key(option, expected, tmp_path, monkeypatch, capsys) -> None:
+    """``train_cfg.max_epoch=1`` was a ``TypeError`` when the runner built its loop; a
+    misspelled checkpoint option failed at the first save, after an epoch."""
+    err = _train_error(["--cfg-options", option], tmp_path, monkeypatch, capsys)
+    assert err.startswith(f"error: --cfg-options {expected} ("), err
+
+
+def test_options_are_checked_against_the_class_they_build() -> None:
+    """Known keys pass (a hook's ``priority`` too); a new ``type`` puts every key of its dict
+    to the new class."""
+    cfg = Config.fromfile(SMALL_DETR)
+    known = {"train_cfg.val_begin": 1, "default_hooks.checkpoint.priority": "LOW"}
+    apply_cfg_options(cfg, {**known, "optim_wrapper.optimizer.amsgrad": True})
+    with pytest.raises(
+        PreflightError,
+        match=r"^--cfg-options train_cfg\.max_epochs: unknown key: IterBasedTrainLoop takes no "
+        r"'max_epochs'; did you mean 'max_iters'\?",
+    ):
+        apply_cfg_options(cfg, {"train_cfg.type": "IterBasedTrainLoop"})
 
 
 def test_unwritable_test_out_stops_before_the_evaluation(tmp_path, monkeypatch, capsys) -> None:
