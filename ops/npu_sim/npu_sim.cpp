@@ -6,13 +6,16 @@
 //
 // What it registers (the pieces PyTorch's own out-of-tree test backend, OpenReg, registers):
 // - an allocator on host memory that tags each block with its device and counts bytes per
-//   device (torch.npu.memory_allocated and friends read the counters);
-// - a device guard (current device per thread; one default stream per device; events that
-//   are recorded at once, since every op here completes before it returns);
-// - the hooks interface (availability, device count, the default generator);
+//   device (torch.npu.memory_allocated and friends read the counters), and a pinned host
+//   allocator (tensor.pin_memory(), non_blocking copies to the host) that remembers its blocks;
+// - a device guard (current device and current stream per thread; streams have ids but run in
+//   order, since every op here completes before it returns; events record the host's clock);
+// - the hooks interface (availability, device count, pinned memory, one generator per device);
 // - the kernels that must know the device: empty, empty_strided, the view ops, copies,
-//   resize_ and set_; every other aten op goes through at::native::cpu_fallback (inputs copied
-//   to CPU, the CPU kernel run, results and mutated arguments copied back);
+//   resize_, set_, record_stream, native_dropout; every other aten op goes through
+//   at::native::cpu_fallback (inputs copied to CPU, the CPU kernel run, results and mutated
+//   arguments copied back), with the device's generator lent to the CPU kernels that draw;
+// - torch_npu's fork rule: a forked child that touches the device raises at once;
 // - autocast for the device with CUDA's op lists (torch_npu keeps the same lists).
 // Operators under npu_sim:: expose the counters and the current device to the Python stand-in;
 // nothing here includes Python.
@@ -32,14 +35,20 @@
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/jit_type.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <pthread.h>
+
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -69,6 +78,25 @@ void check_index(c10::DeviceIndex index) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Fork: torch_npu registers an at-fork handler that marks a forked child as unable to use the
+// device, and its lazy init raises there. A child here could run the CPU kernels, but it would
+// share the parent's allocator state and OpenMP pool (a forked OpenMP pool can hang), and code
+// that works here must fail on the device as it does on Ascend: every entry raises at once.
+
+std::atomic<bool> in_bad_fork{false};
+
+void check_not_forked() {
+  TORCH_CHECK(!in_bad_fork.load(),
+              "Cannot re-initialize NPU in forked subprocess. To use NPU with multiprocessing, "
+              "you must use the 'spawn' start method");
+}
+
+const bool fork_handler_registered = [] {
+  pthread_atfork(nullptr, nullptr, [] { in_bad_fork.store(true); });
+  return true;
+}();
+
+// ---------------------------------------------------------------------------------------------
 // Allocator: host memory, tagged with the device, counted per device.
 
 struct DeviceCounters {
@@ -96,6 +124,7 @@ void release(void* ptr) {
 
 struct HostAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
+    check_not_forked();
     const c10::DeviceIndex index = current_device;
     void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
     if (data != nullptr) {
@@ -117,9 +146,60 @@ struct HostAllocator final : c10::Allocator {
 HostAllocator host_allocator;
 REGISTER_ALLOCATOR(kNpu, &host_allocator);
 
+// Pinned host memory: ordinary host memory (the device reads host memory anyway) whose blocks
+// are remembered, so that is_pinned() answers for them and for views into them, as on the device.
+std::mutex pinned_mutex;
+std::map<uintptr_t, size_t> pinned_blocks;  // start -> size
+
+void release_pinned(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    pinned_blocks.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
+  c10::free_cpu(ptr);
+}
+
+bool is_pinned_ptr(const void* ptr) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(pinned_mutex);
+  auto it = pinned_blocks.upper_bound(address);
+  if (it == pinned_blocks.begin()) return false;
+  --it;
+  return address < it->first + std::max<size_t>(it->second, 1);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (data != nullptr) {
+      std::lock_guard<std::mutex> lock(pinned_mutex);
+      pinned_blocks.emplace(reinterpret_cast<uintptr_t>(data), nbytes);
+    }
+    return {data, data, &release_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const final {
+    default_copy_data(dest, src, count);
+  }
+};
+
+PinnedAllocator pinned_allocator;
+
 // ---------------------------------------------------------------------------------------------
-// Device guard: every op completes before it returns, so one stream per device suffices and
-// an event is complete as soon as it is recorded.
+// Device guard: every op completes before it returns, so streams are ids that keep no queue
+// (a new stream gets a new id; each thread has a current stream per device) and an event is
+// complete as soon as it is recorded. A recorded event holds the host's clock, so elapsed_time
+// measures the wall time between two records, which on this synchronous device is the time of
+// the work in between.
+
+thread_local std::array<c10::StreamId, kMaxDevices> current_streams{};
+std::atomic<c10::StreamId> next_stream_id{1};
+
+struct SimEvent {
+  bool timing;
+  std::chrono::steady_clock::time_point recorded_at;
+};
 
 struct NpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kNpu; }
@@ -136,19 +216,32 @@ struct NpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override { current_device = d.index(); }
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    const auto index = d.has_index() ? d.index() : current_device;
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNpu, index), current_streams[index]);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::UNSAFE, d, 0);
   }
   c10::Stream getNewStream(c10::Device d, int) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    return c10::Stream(c10::Stream::UNSAFE, d, next_stream_id++);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return getNewStream(d, 0);
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
-    return c10::Stream(c10::Stream::DEFAULT, s.device());
+    auto old = getStream(s.device());
+    current_streams[s.device_index()] = s.id();
+    return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override { return configured_device_count(); }
   void record(void** event, const c10::Stream&, const c10::DeviceIndex,
-              const c10::EventFlag) const override {
-    // A non-null handle marks the event as recorded; there is nothing to wait for.
-    *event = reinterpret_cast<void*>(1);
+              const c10::EventFlag flag) const override {
+    // Work before the record has completed: the event holds the time it completed.
+    if (*event == nullptr) *event = new SimEvent{flag == c10::EventFlag::BACKEND_DEFAULT, {}};
+    static_cast<SimEvent*>(*event)->recorded_at = std::chrono::steady_clock::now();
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<SimEvent*>(event);
   }
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
@@ -157,21 +250,61 @@ struct NpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void*) const override {}
   void synchronizeDevice(const c10::DeviceIndex) const override {}
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
-  double elapsedTime(void*, void*, const c10::DeviceIndex) const override { return 0.0; }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    // The messages of CUDA's and torch_npu's events.
+    TORCH_CHECK(start != nullptr && end != nullptr,
+                "Both events must be recorded before calculating elapsed time.");
+    const auto* first = static_cast<SimEvent*>(start);
+    const auto* second = static_cast<SimEvent*>(end);
+    TORCH_CHECK(first->timing && second->timing,
+                "Both events must be created with argument 'enable_timing=True'.");
+    return std::chrono::duration<double, std::milli>(second->recorded_at - first->recorded_at)
+        .count();
+  }
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, NpuGuardImpl);
 
 // ---------------------------------------------------------------------------------------------
-// Hooks. Random ops run through the CPU fallback and draw from the CPU generator, so that is
-// the device's default generator too (the Python stand-in seeds it).
+// Generators: one per device, apart from the CPU's, as on torch_npu. The device's generator is
+// CPU's Mersenne Twister (OpenReg's pattern) tagged with the device; the fallback lends its
+// state to the CPU kernels that draw (random_state_lent below), so npu draws advance it and
+// never the CPU's generator. The numbers are not the NPU's (torch_npu uses Philox).
+
+struct NpuGenerator final : at::CPUGeneratorImpl {
+  explicit NpuGenerator(c10::DeviceIndex index) {
+    device_ = c10::Device(kNpu, index);
+    key_set_ = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+  }
+};
+
+at::Generator new_generator(c10::DeviceIndex index) {
+  return at::make_generator<NpuGenerator>(index < 0 ? current_device : index);
+}
+
+const at::Generator& default_generator(c10::DeviceIndex index) {
+  static std::array<at::Generator, kMaxDevices> generators;
+  static std::array<std::once_flag, kMaxDevices> created;
+  if (index < 0) index = current_device;
+  check_index(index);
+  std::call_once(created[index], [index] { generators[index] = new_generator(index); });
+  return generators[index];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hooks.
 
 struct NpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
-    return at::detail::getDefaultCPUGenerator();
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
+    return default_generator(index);
   }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    return new_generator(index);
+  }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
+  bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
   at::Device getDeviceFromPtr(void* ptr) const override {
     std::lock_guard<std::mutex> lock(counters_mutex);
     auto it = live_blocks.find(ptr);
@@ -239,7 +372,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  // Both sides are host memory: CPU's copy_ handles dtypes, strides and broadcasting.
+  // Both sides are host memory: CPU's copy_ handles dtypes, strides and broadcasting. A
+  // non_blocking copy has completed when it returns, as every op here.
+  check_not_forked();
   if (self.numel() == 0) return dst;
   host_view(dst).copy_(host_view(self));
   return dst;
@@ -307,8 +442,78 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
           on_device(std::get<2>(grads), device)};
 }
 
+// The device of an op's first npu tensor argument, else the current device.
+c10::DeviceIndex op_device(const torch::jit::Stack& stack, size_t first) {
+  for (size_t i = first; i < stack.size(); ++i) {
+    const auto& value = stack[i];
+    if (value.isTensor() && value.toTensor().defined() &&
+        value.toTensor().device().type() == kNpu) {
+      return value.toTensor().device().index();
+    }
+  }
+  return current_device;
+}
+
+bool is_generator_argument(const c10::Argument& argument) {
+  const auto& type = argument.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  if (auto optional = type->cast<c10::OptionalType>()) {
+    return optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+// One lock for every lent generator: a CPU kernel draws from a host copy of the device
+// generator's state, which is written back after it; two at once would draw the same numbers.
+std::mutex random_mutex;
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_not_forked();
+  const auto& arguments = op.schema().arguments();
+  const size_t first = stack->size() - arguments.size();
+  std::vector<std::pair<at::Generator, at::Generator>> lent;  // (device's, host copy)
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (!is_generator_argument(arguments[i])) continue;
+    auto& value = (*stack)[first + i];
+    at::Generator device_generator = value.isNone()
+                                         ? default_generator(op_device(*stack, first))
+                                         : value.toGenerator();
+    // CUDA's check_generator message, for a CPU generator passed to an npu op.
+    TORCH_CHECK(device_generator.device().type() == kNpu,
+                "Expected a 'npu' device type for generator but found '",
+                device_generator.device().type(), "'");
+    lent.emplace_back(device_generator, at::make_generator<at::CPUGeneratorImpl>());
+    value = c10::IValue(lent.back().second);
+  }
+  if (lent.empty()) {
+    at::native::cpu_fallback(op, stack);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(random_mutex);
+  for (auto& [device_generator, host] : lent) host.set_state(device_generator.get_state());
   at::native::cpu_fallback(op, stack);
+  for (auto& [device_generator, host] : lent) device_generator.set_state(host.get_state());
+}
+
+// CPU's native_dropout draws its mask from the CPU generator without taking one as an argument:
+// the same arithmetic here, with bernoulli_ on the device, so the mask comes from the device's.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
+                                                  std::optional<bool> train) {
+  if (input.numel() == 0) return {input, at::empty_like(input)};
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
+  }
+  const double keep = 1. - p;
+  const double scale = keep == 0 ? 0. : 1. / keep;
+  auto mask = at::empty_like(input, at::MemoryFormat::Contiguous);
+  mask.bernoulli_(keep);
+  return {input.mul(mask).mul_(scale), mask};
+}
+
+// No caching allocator: a block is free when its last tensor goes, whatever stream used it.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNpu, "record_stream: expected an npu stream, got ",
+              stream);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -328,6 +533,10 @@ void reset_peak_memory_stats(int64_t device) {
 }
 
 int64_t device_count() { return configured_device_count(); }
+bool is_in_bad_fork() { return in_bad_fork.load(); }
+at::Generator get_default_generator(int64_t device) {
+  return default_generator(static_cast<c10::DeviceIndex>(device));
+}
 int64_t get_current_device() { return current_device; }
 void set_current_device(int64_t device) {
   check_index(static_cast<c10::DeviceIndex>(device));
@@ -340,6 +549,8 @@ TORCH_LIBRARY(npu_sim, m) {
   m.def("memory_stats(int device) -> int[]", &memory_stats);
   m.def("reset_peak_memory_stats(int device) -> ()", &reset_peak_memory_stats);
   m.def("device_count() -> int", &device_count);
+  m.def("is_in_bad_fork() -> bool", &is_in_bad_fork);
+  m.def("default_generator(int device) -> Generator?", &get_default_generator);
   m.def("current_device() -> int", &get_current_device);
   m.def("set_device(int device) -> ()", &set_current_device);
 }
@@ -355,6 +566,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_", &set_empty);
   m.impl("convolution_overrideable", &convolution_overrideable);
   m.impl("convolution_backward_overrideable", &convolution_backward_overrideable);
+  m.impl("native_dropout", &native_dropout);
+  m.impl("record_stream", &record_stream);
   // View ops alias their input's storage, which the copying fallback cannot do.
   m.impl("as_strided", &at::native::as_strided_tensorimpl);
   m.impl("view", &at::native::view);

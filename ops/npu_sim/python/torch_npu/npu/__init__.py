@@ -2,21 +2,23 @@
 mmdet 3.3, mmcv 2.1, DrivingSDK's Python wrapper and npudet call (listed in
 ``ops/npu_sim/README.md``), each with the behaviour torch_npu documents.
 
-Where the simulation cannot behave like the device it says so: streams and events keep order
-because every op has finished when it returns; random numbers come from the CPU generator,
-which the fallback's CPU kernels draw from; memory counters count this device's host blocks.
+Where the simulation cannot behave like the device it says so: streams keep order because
+every op has finished when it returns, and events time the host's clock between records;
+each device has its own generator (CPU's Mersenne Twister, not the NPU's Philox); memory
+counters count this device's host blocks.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import namedtuple
-from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional, Union
+from typing import Any, List, Optional, Union
 
 import torch
 
 from . import amp, config, utils  # noqa: F401  (torch.npu.amp, .config, .utils)
+from .profiler import profile, profileConfig  # noqa: F401  (torch_npu.npu.profile)
 
 native_device = "npu"  # mmengine maps 'npu' to this name in BaseModel.to
 DEVICE_NAME = "Simulated Ascend NPU (npudet: PrivateUse1 on host memory, CPU arithmetic)"
@@ -86,20 +88,31 @@ def synchronize(device: DeviceLike = None) -> None:
     """Every op has completed when it returns: nothing to wait for."""
 
 
-def is_initialized() -> bool:
-    return True
-
-
-def init() -> None:
-    """torch_npu initialises the device here; the simulation is ready at import."""
-
-
-def _lazy_init() -> None:
-    """As ``init``."""
+# torch_npu's words when a forked child initialises the device.
+_BAD_FORK = (
+    "Cannot re-initialize NPU in forked subprocess. To use NPU with multiprocessing, you must "
+    "use the 'spawn' start method"
+)
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a child forked after the device loaded (the native at-fork handler marks it);
+    torch's seeding skips the device there, and every device op raises."""
+    return bool(torch.ops.npu_sim.is_in_bad_fork())
+
+
+def is_initialized() -> bool:
+    return not _is_in_bad_fork()
+
+
+def init() -> None:
+    """torch_npu initialises the device here; the simulation is ready at import, except in a
+    forked child, where it raises as torch_npu does."""
+    if _is_in_bad_fork():
+        raise RuntimeError(_BAD_FORK)
+
+
+_lazy_init = init
 
 
 def get_device_name(device: DeviceLike = None) -> str:
@@ -157,6 +170,40 @@ def reset_peak_memory_stats(device: DeviceLike = None) -> None:
 reset_max_memory_allocated = reset_peak_memory_stats
 
 
+def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
+    """A table of this device's counters, in the shape of torch_npu's (``abbreviated`` is
+    accepted; the simulation has only the rows it counts)."""
+    index = _index(device)
+    allocated, peak, count = torch.ops.npu_sim.memory_stats(index)
+    width = 75
+    rows = [
+        ("Allocated memory (current)", _bytes(allocated)),
+        ("Allocated memory (peak)", _bytes(peak)),
+        ("Allocations (total)", str(int(count))),
+        ("Reserved memory (no caching allocator)", _bytes(allocated)),
+    ]
+    title = f" PyTorch NPU memory summary, device ID {index} (simulated NPU) "
+    lines = [
+        "|" + "=" * width + "|",
+        "|" + title.center(width) + "|",
+        "|" + "-" * width + "|",
+    ]
+    lines += ["|" + f" {name:<50}{value:>23} " + "|" for name, value in rows]
+    lines.append("|" + "=" * width + "|")
+    return "\n".join(lines) + "\n"
+
+
+def _bytes(count: int) -> str:
+    if abs(count) < 1024:
+        return f"{count} B"
+    value = count / 1024
+    for unit in ("KiB", "MiB"):
+        if abs(value) < 1024:
+            return f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} GiB"
+
+
 def memory_stats(device: DeviceLike = None) -> dict:
     allocated, peak, count = torch.ops.npu_sim.memory_stats(_index(device))
     return {
@@ -178,76 +225,176 @@ def mem_get_info(device: DeviceLike = None) -> tuple:
     return free_pages * size, pages * size
 
 
-# ---- random numbers: the CPU generator draws them ----
+# ---- random numbers: one generator per device, apart from the CPU's (torch_npu's API) ----
+
+
+def _generator(device: DeviceLike = None) -> torch.Generator:
+    """The device's default generator: what npu draws without ``generator=`` advance."""
+    return torch.ops.npu_sim.default_generator(_index(device))
+
+
+def _all_devices() -> range:
+    # Also while the fixture hides the device: torch.manual_seed seeds every generator.
+    return range(int(torch.ops.npu_sim.device_count()))
+
+
+def __getattr__(name: str) -> Any:
+    # torch_npu.npu.default_generators; built on first use, after the native library loaded.
+    if name == "default_generators":
+        return tuple(_generator(i) for i in _all_devices())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def manual_seed(seed: int) -> None:
-    torch.random.default_generator.manual_seed(int(seed))
+    """Seed the current device's generator."""
+    _generator().manual_seed(int(seed))
 
 
-manual_seed_all = manual_seed
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's generator (``torch.manual_seed`` calls this)."""
+    for index in _all_devices():
+        _generator(index).manual_seed(int(seed))
 
 
 def seed() -> None:
-    torch.random.default_generator.seed()
+    """Seed the current device's generator with a random number."""
+    _generator().seed()
 
 
-seed_all = seed
+def seed_all() -> None:
+    """One random seed for every device's generator."""
+    value = _generator(0).seed()
+    for index in _all_devices():
+        _generator(index).manual_seed(value)
 
 
 def initial_seed() -> int:
-    return torch.random.default_generator.initial_seed()
+    return _generator().initial_seed()
 
 
 def get_rng_state(device: DeviceLike = "npu") -> torch.Tensor:
-    return torch.random.default_generator.get_state()
+    return _generator(device).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device: DeviceLike = "npu") -> None:
-    torch.random.default_generator.set_state(new_state)
+    _generator(device).set_state(new_state)
 
 
 def get_rng_state_all() -> List[torch.Tensor]:
-    return [get_rng_state(i) for i in range(device_count())]
+    return [get_rng_state(i) for i in _all_devices()]
 
 
 def set_rng_state_all(new_states: List[torch.Tensor]) -> None:
-    for state in new_states[:1]:
-        set_rng_state(state)
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
 
 
-# ---- streams and events: one in-order stream per device ----
+# ---- streams and events: streams run in order; events hold the host's clock ----
 
 
 class Stream(torch.Stream):
-    """The device's one stream: work on it has completed when the call returns."""
+    """An npu stream. Work on it has completed when the call returns, so waits are no-ops."""
 
     def __new__(cls, device: DeviceLike = None, priority: int = 0, **kwargs: Any) -> Stream:
+        if "stream_id" in kwargs:  # wraps an existing stream (current_stream, default_stream)
+            return super().__new__(cls, **kwargs)
         return super().__new__(cls, device=torch.device("npu", _index(device)), priority=priority)
 
-    def wait_stream(self, stream: torch.Stream) -> None:
-        """Nothing to wait for."""
+    def record_event(self, event: Optional[torch.Event] = None) -> torch.Event:
+        """Record ``event`` (a new ``Event`` if None) on this stream, and return it."""
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+
+def _wrap(stream: torch.Stream) -> Stream:
+    return Stream(
+        stream_id=stream.stream_id,
+        device_index=stream.device_index,
+        device_type=stream.device_type,
+    )
 
 
 class Event(torch.Event):
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, **kwargs: Any) -> Event:
-        return super().__new__(cls, device="npu", enable_timing=enable_timing, blocking=blocking)
+    """An npu event. ``elapsed_time`` is the wall time between the two records (work before
+    a record has completed when it is recorded).
+
+    torch's ``Event.elapsed_time`` accepts only a ``torch.Event`` itself as the other event,
+    not a subclass (``expected other to be a torch.Event object``), so this class keeps its
+    record times here, as torch_npu's Python ``Event`` wraps its own native event.
+    """
+
+    def __new__(
+        cls,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+        **kwargs: Any,
+    ) -> Event:
+        event = super().__new__(
+            cls,
+            device="npu",
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
+        )
+        event._timing = enable_timing
+        event._recorded_at = None  # time.perf_counter() at the last record
+        return event
+
+    def record(self, stream: Optional[torch.Stream] = None) -> None:
+        super().record(stream)
+        self._recorded_at = time.perf_counter()
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        if not isinstance(end_event, Event):  # a plain torch.Event: the device's own clock
+            return super().elapsed_time(end_event)
+        # CUDA's and torch_npu's messages.
+        if self._recorded_at is None or end_event._recorded_at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        if not (self._timing and end_event._timing):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        return (end_event._recorded_at - self._recorded_at) * 1000.0
 
 
 def current_stream(device: DeviceLike = None) -> Stream:
-    return Stream(device)
+    return _wrap(torch.accelerator.current_stream(_index(device)))
 
 
-default_stream = current_stream
+def default_stream(device: DeviceLike = None) -> Stream:
+    current = torch.accelerator.current_stream(_index(device))
+    return Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
 
 
-def set_stream(stream: torch.Stream) -> None:
-    """One stream per device: nothing to switch."""
+def set_stream(stream: Optional[torch.Stream]) -> None:
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
 
 
-@contextmanager
-def stream(stream: Optional[torch.Stream]) -> Iterator[None]:
-    yield
+class StreamContext:
+    """Make ``stream`` current inside the block (and its device), then restore both."""
+
+    def __init__(self, stream: Optional[torch.Stream]) -> None:
+        self.stream = stream
+        self.prev_device = -1
+        self.prev_stream: Optional[torch.Stream] = None
+
+    def __enter__(self) -> None:
+        if self.stream is None:
+            return
+        self.prev_device = current_device()
+        self.prev_stream = torch.accelerator.current_stream(self.stream.device_index)
+        torch.accelerator.set_stream(self.stream)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.stream is None or self.prev_stream is None:
+            return
+        torch.accelerator.set_stream(self.prev_stream)
+        set_device(self.prev_device)
+
+
+def stream(stream: Optional[torch.Stream]) -> StreamContext:
+    return StreamContext(stream)
 
 
 # ---- legacy typed tensors (mmengine's InstanceData names torch.npu.BoolTensor / LongTensor) ----
