@@ -13,7 +13,12 @@ from mmengine.hooks import CheckpointHook
 
 from npudet.hooks.atomic_checkpoint import CheckpointSaveError
 from npudet.hooks.non_finite_loss import NonFiniteLossError
-from npudet.hooks.run_guard import CheckpointCorruptError, NothingTrainedError, TrainingInterrupted
+from npudet.hooks.run_guard import (
+    CheckpointCorruptError,
+    NothingTrainedError,
+    TrainingFailed,
+    TrainingInterrupted,
+)
 
 from .cfg_options import apply_cfg_options
 from .preflight import PreflightError
@@ -96,12 +101,23 @@ def load_config(args: argparse.Namespace, default_work_root: str = "./work_dirs"
 
 
 def run_checks(*checks: Callable[[], None]) -> None:
-    """Run preflight checks; the first failure ends the process with one line."""
+    """Run preflight checks; the first failure ends the process with one line, and so does
+    an interrupt (a native kernel build interrupted by Ctrl-C)."""
     for check in checks:
         try:
             check()
         except PreflightError as err:
             fail(str(err))
+        except KeyboardInterrupt as err:
+            interrupted(err)
+
+
+def interrupted(err: KeyboardInterrupt) -> NoReturn:
+    """End an interrupted run that saved nothing with one line (its cause, where the
+    interrupt names one: a kernel build whose compiler was interrupted) and status 130."""
+    why = f": {err}" if str(err) else ""
+    print(f"interrupted{why} (no checkpoint saved)", file=sys.stderr)
+    sys.exit(130)
 
 
 def add_run_hooks(cfg: Config, names: List[str]) -> None:
@@ -131,8 +147,9 @@ def run_guarded(step: Callable[[], Any]) -> Any:
     """Run ``runner.train`` / ``runner.test`` (``step``); what npudet's hooks raise ends the
     process with one line and no traceback: an interrupt (already logged with its
     checkpoint by ``RunGuardHook``) with status 128 + the signal number, a run that trained
-    nothing, a corrupt checkpoint, a checkpoint that could not be saved or a diverged run
-    with status 2."""
+    nothing, a corrupt checkpoint, a checkpoint that could not be saved, a diverged run or
+    one whose data failed (a dataloader worker killed, an image that does not decode) with
+    status 2."""
     try:
         return step()
     except TrainingInterrupted as err:
@@ -142,10 +159,10 @@ def run_guarded(step: Callable[[], Any]) -> Any:
         CheckpointCorruptError,
         CheckpointSaveError,
         NonFiniteLossError,
+        TrainingFailed,
     ) as err:
         fail(str(err))
-    except KeyboardInterrupt:
-        # Before RunGuardHook's handler is installed (building the model, loading data) or a
-        # second Ctrl-C: nothing consistent to save.
-        print("interrupted (no checkpoint saved)", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as err:
+        # Before RunGuardHook's handler is installed (building the model, loading data, a
+        # kernel build) or a second Ctrl-C: nothing consistent to save.
+        interrupted(err)

@@ -205,3 +205,36 @@ def _boxes_by_image(data: Dict) -> Dict[Any, List[Tuple]]:
         box = tuple(round(float(v), 2) for v in ann["bbox"])
         boxes.setdefault(ann["image_id"], []).append((ann["category_id"], box))
     return {image: sorted(found) for image, found in boxes.items()}
+
+
+def masks_problem(
+    data: Dict, path: str, step: str, classes: Optional[Sequence[str]]
+) -> Optional[str]:
+    """Every annotation mmdet's ``CocoDataset`` loads (not ``ignore``, area > 0, sides >= 1,
+    a class of ``classes`` when known) has a non-empty ``segmentation``, which the pipeline
+    step ``step`` (``LoadAnnotations(with_mask=True)``) reads: the dataset keeps an instance
+    without one, and the step fails mid-run with ``KeyError: 'mask'``. Checked after
+    :func:`entries_problem`."""
+    wanted = {cat["id"] for cat in data["categories"] if classes is None or cat["name"] in classes}
+    loaded = [
+        (i, ann)
+        for i, ann in enumerate(data["annotations"])
+        if not ann.get("ignore")
+        and ann["area"] > 0
+        and min(ann["bbox"][2:]) >= 1
+        and ann["category_id"] in wanted
+    ]
+    without = [(i, ann) for i, ann in loaded if not ann.get("segmentation")]
+    if not without:
+        return None
+    needs = f"{step} needs a mask for each"
+    if len(without) == len(loaded):
+        return (
+            f"{path} has no segmentation in any of its {len(loaded)} annotations (box-only "
+            f"data), but {needs}: use annotations with masks or a config for boxes"
+        )
+    i, ann = without[0]
+    return (
+        f"{path}: {_entry('annotations', i, ann)} has no segmentation ({len(without)} of "
+        f"{len(loaded)} annotations have none), but {needs}"
+    )

@@ -40,6 +40,7 @@ def check_msda(cfg: Config, device: Optional[str] = None) -> None:
         parts = resolve_msda_cfg(cfg.model.get("msda"))
     except ValueError as err:
         raise PreflightError(str(err)) from None
+    check_msda_parts(cfg)
     if device is None:
         from mmengine.device import get_device
 
@@ -54,6 +55,41 @@ def check_msda(cfg: Config, device: Optional[str] = None) -> None:
                 f"{device!r} ({'; '.join(reasons)}); usable on {device!r}: "
                 f"{['auto', *usable_impls(device)]}"
             )
+
+
+def check_msda_parts(cfg: Config) -> None:
+    """``model.msda``'s part overrides (``encoder`` / ``decoder``) name parts the model has:
+    read from its class (``msda_parts``) without building it; a class that does not declare
+    them (one made by ``switch_msda``) is built here, before the work dir exists."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import init_default_scope
+
+    from npudet.models.detectors.msda_config import PARTS, missing_part_error
+    from npudet.models.detectors.msda_model import MSDAModel
+
+    msda = cfg.model.get("msda") or {}
+    if all(msda.get(part) is None for part in PARTS):
+        return
+    model_type = cfg.model.get("type")
+    if model_type is None:
+        return  # a config of the MSDA choice alone (tools/analysis_tools/ablate.py's)
+    init_default_scope(cfg.get("default_scope", "mmdet"))
+    cls = model_type if isinstance(model_type, type) else MODELS.get(model_type)
+    if cls is None:
+        return  # an unknown type: the runner's build names it
+    parts = getattr(cls, "msda_parts", None)
+    problem = None
+    if parts is not None:
+        problem = missing_part_error(cls.__name__, msda, parts)
+    elif isinstance(cls, type) and issubclass(cls, MSDAModel):
+        try:
+            MODELS.build(copy.deepcopy(cfg.model))  # build mutates its cfg
+        except ValueError as err:
+            # another build error is the runner's to report, where it builds the model
+            if str(err).startswith("model.msda."):
+                problem = str(err)
+    if problem:
+        raise PreflightError(problem)
 
 
 def _device_reasons(name: str, device: str) -> List[str]:
@@ -166,10 +202,22 @@ def _coco_path(dataset: Dict) -> Optional[str]:
     return _join(dataset.get("data_root"), ann_file)
 
 
+def mask_step(pipeline: Optional[List]) -> Optional[str]:
+    """The step of a dataset's ``pipeline`` that reads the annotations' masks
+    (``pipeline[1] LoadAnnotations(with_mask=True)``), or None."""
+    for i, step in enumerate(pipeline or []):
+        kind = step.get("type") if isinstance(step, dict) else None
+        name = getattr(kind, "__name__", str(kind)).rsplit(".", 1)[-1]  # a class, mmdet.X
+        if name == "LoadAnnotations" and step.get("with_mask"):
+            return f"pipeline[{i}] LoadAnnotations(with_mask=True)"
+    return None
+
+
 def check_dataset(dataset: Dict, key: str, check_images: bool = True) -> None:
     """A dataset config: annotation file readable with every field the dataset reads,
     categories matching the config's classes, ground truth left after filtering (training
-    sets), every image file present and (``check_images``) decodable (COCO or BEV)."""
+    sets), a mask for every annotation where the pipeline loads masks, every image file
+    present and (``check_images``) decodable (COCO or BEV)."""
     ann_file = dataset.get("ann_file")
     if not ann_file or "://" in str(ann_file):
         return
@@ -185,6 +233,9 @@ def check_dataset(dataset: Dict, key: str, check_images: bool = True) -> None:
         problem = coco_checks.classes_problem(data, path, classes)
         if problem is None and not dataset.get("test_mode"):
             problem = coco_checks.training_problem(data, path, classes, dataset.get("filter_cfg"))
+    step = mask_step(dataset.get("pipeline"))
+    if problem is None and step is not None:
+        problem = coco_checks.masks_problem(data, path, step, classes)
     if problem:
         raise PreflightError(f"{key}.ann_file: {problem}")
     prefix = _join(root, (dataset.get("data_prefix") or {}).get("img", ""))

@@ -6,7 +6,9 @@ a run that trains nothing fails.
   :class:`TrainingInterrupted`; a second signal interrupts at once. A run that ends having
   trained no iteration raises :class:`NothingTrainedError`.
 - :func:`train_keeping_progress`: ``runner.train()`` that saves the iterations done since
-  the last checkpoint when training fails (and re-raises).
+  the last checkpoint when training fails (and re-raises; as :class:`TrainingFailed`, one
+  line naming the cause and the checkpoint, where the cause is the data's: a dataloader
+  worker killed, an image that does not decode).
 - ``CheckpointChecksumHook``: every checkpoint the runner saves carries the sha256 of its
   content in ``meta['npudet_sha256']``, checked when the runner loads it
   (:func:`verify_checkpoint`; npudet's tools check it before the runner exists too).
@@ -16,11 +18,13 @@ a run that trains nothing fails.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import signal
 import threading
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -53,6 +57,15 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 class NothingTrainedError(RuntimeError):
     """The training loop ended without running a single iteration."""
+
+
+class TrainingFailed(RuntimeError):
+    """Training failed for a cause outside the model (the data's), reported in one line with
+    the checkpoint its progress was saved to (``checkpoint``, None when nothing was)."""
+
+    def __init__(self, message: str, checkpoint: Optional[str]) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
 
 
 class CheckpointCorruptError(ValueError):
@@ -274,22 +287,118 @@ def save_progress(runner: Any, epoch: int, iters: int) -> str:
     return path
 
 
+# What torch's DataLoader raises when a worker dies (its SIGCHLD handler, or the check when
+# the queue fails), and what mmcv's LoadImageFromFile (an assert) and PIL say of an image that
+# does not decode; a worker's error arrives re-raised with its traceback in the message.
+_WORKER_SIGNALLED = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.]+)")
+_WORKER_EXITED = re.compile(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly")
+_UNDECODABLE = re.compile(r"failed to load image: (\S+)|cannot identify image file '([^']+)'")
+
+
+def _signal_number(description: str) -> Optional[signal.Signals]:
+    """The signal whose ``strsignal`` text is ``description`` (``Killed`` -> 9), or None."""
+    return next((s for s in signal.Signals if signal.strsignal(s) == description.strip()), None)
+
+
+def dead_worker_error() -> Optional[str]:
+    """torch's own check of the DataLoader workers still registered (those of the loop that
+    failed: its frame is alive in the traceback): its message when one has died, else None.
+    A worker killed while it sends a batch fails the loop with whatever the transfer hit
+    (``ConnectionResetError``), which names no worker."""
+    from torch.utils.data._utils.signal_handling import _error_if_any_worker_fails
+
+    try:
+        _error_if_any_worker_fails()
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+@contextlib.contextmanager
+def sigchld_default() -> Iterator[None]:
+    """SIGCHLD's default action meanwhile: torch's DataLoader handler raises on it when a
+    worker has died, in whatever runs then (the progress save's own ``git`` child sends one)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+def _worker_exit(err: BaseException, pid: int) -> Optional[int]:
+    """The exit code of DataLoader worker ``pid`` (-N: killed by signal N), read from the
+    iterator in ``err``'s traceback: torch's queue check reaps a dead worker before it says
+    "exited unexpectedly", so only the worker's process object still knows how it ended."""
+    tb = err.__traceback__
+    while tb is not None:
+        workers = getattr(tb.tb_frame.f_locals.get("self"), "_workers", None)
+        for worker in workers if isinstance(workers, list) else []:
+            if getattr(worker, "pid", None) == pid:
+                return getattr(worker, "exitcode", None)
+        tb = tb.tb_next
+    return None
+
+
+def failure_cause(err: BaseException) -> Optional[str]:
+    """What went wrong outside the model when training failed with ``err``, in words (a
+    dataloader worker killed by a signal or gone: :func:`dead_worker_error` first, an image
+    file that does not decode); None for any other error."""
+    text = f"{dead_worker_error() or ''}\n{err}"
+    match = _WORKER_SIGNALLED.search(text)
+    if match:
+        number = _signal_number(match.group(2))
+        what = f"signal {int(number)} ({number.name})" if number else f"signal {match.group(2)}"
+        return f"dataloader worker (pid {match.group(1)}) killed by {what}"
+    match = _WORKER_EXITED.search(text)
+    if match:
+        pid = match.group(1).split(",")[0].strip()
+        code = _worker_exit(err, int(pid))
+        if code is not None and code < 0:
+            name = next((s.name for s in signal.Signals if s == -code), "")
+            how = f"killed by signal {-code}" + (f" ({name})" if name else "")
+        else:
+            how = "exited unexpectedly" if code is None else f"exited with status {code}"
+        return f"dataloader worker (pid {pid}) {how}"
+    match = _UNDECODABLE.search(text)
+    if match:
+        return f"image file {match.group(1) or match.group(2)} could not be decoded"
+    return None
+
+
 def train_keeping_progress(runner: Any) -> None:
     """``runner.train()``; when it fails (an image that does not decode mid-epoch, a crash
     in a layer), the iterations done since the last checkpoint are saved first
-    (``iter_N.pth``, logged) and the error goes on. Not after a stop that must keep the
-    last checkpoint as it is (divergence, a failed save, a corrupt checkpoint) or that
-    trained nothing (a resumed finished run: its checkpoint is the progress)."""
+    (``iter_N.pth``, logged) and the error goes on: as :class:`TrainingFailed` naming the
+    cause and the checkpoint where :func:`failure_cause` knows the cause, as it is
+    otherwise (a traceback is what tells a crash in a layer). Not after a stop that must
+    keep the last checkpoint as it is (divergence, a failed save, a corrupt checkpoint) or
+    that trained nothing (a resumed finished run: its checkpoint is the progress)."""
     try:
         runner.train()
     except (NonFiniteLossError, CheckpointSaveError, CheckpointCorruptError, NothingTrainedError):
         raise
-    except Exception:
+    except Exception as err:
         iters = runner.iter
-        if iters > 0 and saved_at(runner, iters) is None:
-            path = save_progress(runner, runner.epoch, iters)
-            runner.logger.error(
-                f"training failed after iteration {iters}: the progress is saved to {path}; "
-                "continue with --resume once the cause is fixed"
-            )
-        raise
+        path = saved_at(runner, iters)
+        if iters > 0 and path is None:
+            with sigchld_default():
+                path = save_progress(runner, runner.epoch, iters)
+            kept = f"the progress is saved to {path}"
+        elif path is not None:
+            kept = f"its checkpoint is {path}"
+        else:
+            kept = "no iteration was trained, nothing is saved"
+        cause = failure_cause(err)
+        message = f"training failed after iteration {iters}: {kept}" + (
+            "; continue with --resume once the cause is fixed" if path else ""
+        )
+        if cause is None:
+            if path is not None:
+                runner.logger.error(message)
+            raise
+        message = f"{cause}; {message}"
+        runner.logger.error(message)
+        raise TrainingFailed(message, path) from err

@@ -4,9 +4,10 @@ Each test reproduces one fault a new user hit and checks what happens now: ``--r
 without ``last_checkpoint`` or from a copied work dir, Ctrl-C / SIGTERM mid-run, flipped
 checkpoint bytes, bad annotation entries and images, class names that miss the config's,
 an unusable extension cache, an implementation unusable on the device, ``model.msda``
-given a string, a run that trains nothing, NaN sampling locations; (issue 57) a
-``last_checkpoint`` holding binary bytes, ``--resume`` with a changed config, a misspelled
-``--cfg-options`` key.
+given a string or naming a part the model lacks, box-only data for a mask pipeline, a run that
+trains nothing, NaN sampling locations, a dataloader worker killed and an image that does not
+decode mid-run, a kernel build interrupted before the run; a ``last_checkpoint`` holding
+binary bytes, ``--resume`` with a changed config, a misspelled ``--cfg-options`` key.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from torch.utils.data import Dataset
 
 import npudet.hooks  # noqa: F401  (register)
 from npudet.engine.cfg_options import apply_cfg_options
-from npudet.engine.cli import run_guarded
+from npudet.engine.cli import run_checks, run_guarded
 from npudet.engine.preflight import PreflightError, check_data, check_msda
 from npudet.engine.resume import find_resume_checkpoint, plan_resume
 from npudet.hooks import (
@@ -50,8 +51,10 @@ from npudet.hooks import (
 from npudet.models import resolve_msda_cfg
 from npudet.nn import MSDeformAttn
 from npudet.ops import msda_impls
+from npudet.ops.msda.kernels.native_build import BuildInterrupted
 
 HAVE_CPU = "cpu" in msda_impls()
+MASK2FORMER = os.path.join(ROOT, "configs", "small", "mask2former_r18-tiny_shapes.py")
 FAST = ["default_hooks.logger.interval=1", "log_processor.window_size=1"]
 NO_VAL = ["val_cfg=None", "val_dataloader=None", "val_evaluator=None"]
 
@@ -66,19 +69,19 @@ def _tool(tool: str, args: List[str], monkeypatch, capsys, code: int = 2) -> Lis
     return capsys.readouterr().err.strip().splitlines()
 
 
-def _train_error(args: List[str], tmp_path, monkeypatch, capsys) -> str:
+def _train_error(args: List[str], tmp_path, monkeypatch, capsys, config: str = SMALL_DETR) -> str:
     """``tools/train.py`` stops before the runner: one ``error:`` line, work dir untouched."""
     work = tmp_path / "work"
     work.mkdir(parents=True, exist_ok=True)
     (work / "keep.txt").write_text("x")
-    err = _tool("train.py", [SMALL_DETR, "--work-dir", str(work), *args], monkeypatch, capsys)
+    err = _tool("train.py", [config, "--work-dir", str(work), *args], monkeypatch, capsys)
     assert len(err) == 1 and err[0].startswith("error: "), err
     assert sorted(os.listdir(work)) == ["keep.txt"]
     return err[0]
 
 
-def _data_cfg(root: str) -> Config:
-    cfg = Config.fromfile(SMALL_DETR)
+def _data_cfg(root: str, config: str = SMALL_DETR) -> Config:
+    cfg = Config.fromfile(config)
     cfg.merge_from_dict(dict(opt.split("=", 1) for opt in data_options(root)))
     return cfg
 
@@ -123,6 +126,20 @@ def test_msda_given_a_string_names_the_key(tiny_shapes, tmp_path, monkeypatch, c
     opts = ["--cfg-options", "model.msda=cpu", *data_options(tiny_shapes)]
     line = _train_error(opts, tmp_path, monkeypatch, capsys)
     assert "model.msda: expected a dict" in line and "model.msda.impl=cpu" in line
+
+
+def test_a_part_the_model_lacks_stops_at_preflight(
+    tiny_shapes, tmp_path, monkeypatch, capsys
+) -> None:
+    """``model.msda.decoder=cpu`` on Mask2Former (its one MSDA part is its pixel decoder's
+    encoder) was a traceback when the runner built the model, after the work dir was made;
+    the preflight reads the parts from the model's class, unbuilt."""
+    opts = ["--cfg-options", "model.msda.decoder=cpu", *data_options(tiny_shapes)]
+    line = _train_error(opts, tmp_path, monkeypatch, capsys, config=MASK2FORMER)
+    assert line == (
+        "error: model.msda.decoder: Mask2Former has no deformable-attention layer under a "
+        "module named 'decoder'; its MSDA parts: encoder (panoptic_head.pixel_decoder.encoder)"
+    )
 
 
 def test_impl_unusable_on_the_device_stops_at_preflight(tmp_path) -> None:
@@ -286,6 +303,30 @@ def test_corrupt_image_and_skip_image_check(tiny_shapes, tmp_path) -> None:
     with pytest.raises(PreflightError, match=r"images\[1\] \(id \d+\) of .*does not decode"):
         check_data(_data_cfg(data), ["train"])
     check_data(_data_cfg(data), ["train"], check_images=False)  # --skip-image-check
+
+
+def test_box_only_data_for_a_mask_pipeline_stops_at_preflight(tiny_shapes, tmp_path) -> None:
+    """Mask2Former on a COCO file without ``segmentation`` passed the preflight and died in
+    mmdet's LoadAnnotations with ``KeyError: 'mask'``."""
+    data = _copy_data(tiny_shapes, tmp_path)
+
+    def drop_segmentations(count: int) -> Callable[[Dict], None]:
+        return lambda d: [ann.pop("segmentation", None) for ann in d["annotations"][:count]]
+
+    path = _edit(data, "train", drop_segmentations(1))
+    step = "pipeline[1] LoadAnnotations(with_mask=True)"
+    with open(path) as f:
+        total = len(json.load(f)["annotations"])
+    with pytest.raises(PreflightError) as err:
+        check_data(_data_cfg(data, MASK2FORMER), ["train"], check_images=False)
+    assert str(err.value) == (
+        f"train_dataloader.dataset.ann_file: {path}: annotations[0] (id 1) has no segmentation "
+        f"(1 of {total} annotations have none), but {step} needs a mask for each"
+    )
+    _edit(data, "train", drop_segmentations(total))
+    with pytest.raises(PreflightError, match=f"no segmentation in any of its {total} annotations"):
+        check_data(_data_cfg(data, MASK2FORMER), ["train"], check_images=False)
+    check_data(_data_cfg(data), ["train"], check_images=False)  # a box config takes them
 
 
 def test_missing_data_names_the_tool_that_makes_it(tmp_path) -> None:
@@ -729,32 +770,126 @@ def test_unwritable_test_out_stops_before_the_evaluation(tmp_path, monkeypatch, 
     assert err == [f"error: --out {out}: cannot be written ({blocker} is not a writable folder)"]
 
 
-class _UndecodableAt(Dataset):
-    """hooks_util's RandomSet whose sample ``bad`` fails to load, as an image that does not
-    decode mid-epoch under ``--skip-image-check``."""
+def _not_decoding(index: int) -> None:
+    raise OSError(f"image {index} does not decode")
 
-    def __init__(self, bad: int) -> None:
-        self.items, self.bad = RandomSet(8).items, bad
+
+def _mmcv_undecodable(index: int) -> None:
+    # what mmcv's LoadImageFromFile asserts when cv2 cannot decode a file (a truncated one)
+    raise AssertionError(f"failed to load image: data/train/{index:06d}.jpg")
+
+
+def _killed(index: int) -> None:
+    if torch.utils.data.get_worker_info() is not None:  # a worker, never the test process
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _FailingAt(Dataset):
+    """hooks_util's RandomSet whose sample ``bad`` fails to load (``fail(index)``): an image
+    that does not decode mid-epoch under ``--skip-image-check``, a worker killed."""
+
+    def __init__(self, bad: int, fail: Callable[[int], None]) -> None:
+        self.items, self.bad, self.fail = RandomSet(8).items, bad, fail
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, index: int):
         if index == self.bad:
-            raise OSError(f"image {index} does not decode")
+            self.fail(index)
         return self.items[index]
 
 
 def test_a_failure_mid_run_saves_the_progress_first(tmp_path) -> None:
     """An image that failed to decode mid-epoch lost every iteration since the last
-    checkpoint; tools/train.py's ``train_keeping_progress`` saves them, then the error goes on."""
+    checkpoint; tools/train.py's ``train_keeping_progress`` saves them, then the error goes on
+    (as it is: a cause it does not know, as a crash in a layer, keeps its traceback)."""
     work = str(tmp_path)
     runner = toy_runner(work, [{"type": "RunGuardHook"}], max_iters=4)
     runner._train_dataloader = torch.utils.data.DataLoader(
-        _UndecodableAt(bad=6), batch_size=2, shuffle=False
+        _FailingAt(6, _not_decoding), batch_size=2, shuffle=False
     )
     with pytest.raises(OSError, match="image 6 does not decode"):
         train_keeping_progress(runner)
     path = os.path.join(work, "iter_3.pth")  # batches 0-2 trained, batch 3 holds sample 6
     assert torch.load(path, weights_only=False)["meta"]["iter"] == 3
     assert open(os.path.join(work, "last_checkpoint")).read() == path
+
+
+@pytest.mark.parametrize(
+    ("fail", "workers", "cause"),
+    [
+        (_mmcv_undecodable, 0, r"image file data/train/000006\.jpg could not be decoded"),
+        (_killed, 1, r"dataloader worker \(pid \d+\) killed by signal 9 \(SIGKILL\)"),
+    ],
+    ids=["undecodable", "worker-killed"],
+)
+def test_a_data_failure_mid_run_ends_in_one_line(tmp_path, capsys, fail, workers, cause) -> None:
+    """A truncated image under ``--skip-image-check`` and a dataloader worker killed (the
+    OOM killer) saved ``iter_N.pth`` but ended in a raw traceback (a worker killed while it
+    sent a batch: a ``ConnectionResetError``, and at times torch's SIGCHLD handler broke the
+    save itself); now one line names the cause and the checkpoint (status 2)."""
+    work = str(tmp_path)
+    runner = toy_runner(work, [{"type": "RunGuardHook"}], max_iters=4)
+    runner._train_dataloader = torch.utils.data.DataLoader(
+        _FailingAt(6, fail), batch_size=2, shuffle=False, num_workers=workers
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        run_guarded(lambda: train_keeping_progress(runner))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    match = re.fullmatch(
+        rf"error: {cause}; training failed after iteration (?P<iters>\d+): the progress is "
+        r"saved to (?P<path>\S+); continue with --resume once the cause is fixed",
+        lines[0],
+    )
+    assert match, lines[0]
+    iters, path = int(match["iters"]), match["path"]
+    assert path == os.path.join(work, f"iter_{iters}.pth")
+    assert torch.load(path, weights_only=False)["meta"]["iter"] == iters > 0
+
+
+@pytest.mark.slow  # a tools/train.py run of 7 iterations
+def test_a_truncated_image_under_skip_image_check_ends_in_one_line(tiny_shapes, tmp_path) -> None:
+    """The tool end to end (the message logic: the test above): a training image truncated
+    to 64 bytes, found by mmcv's loader mid-epoch."""
+    data = _copy_data(tiny_shapes, tmp_path)
+    train = os.path.join(data, "train")
+    image = os.path.join(train, sorted(os.listdir(train))[-1])
+    with open(image, "r+b") as f:
+        f.truncate(64)
+    work = str(tmp_path / "work")
+    impl = "cpu" if HAVE_CPU else "grid_sample"
+    opts = [*data_options(data), *FAST, *NO_VAL, "train_dataloader.batch_size=1"]
+    opts += ["train_dataloader.sampler.shuffle=False", "train_cfg.max_epochs=1"]
+    args = train_args(SMALL_DETR, work, "--msda-impl", impl, "--skip-image-check", options=opts)
+    proc = run_tool(args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    match = re.fullmatch(
+        rf"error: image file \S+{os.path.basename(image)} could not be decoded; training failed "
+        r"after iteration (?P<iters>\d+): the progress is saved to (?P<path>\S+); continue "
+        r"with --resume once the cause is fixed",
+        line,
+    )
+    assert match and int(match["iters"]) > 0, line
+    assert match["path"] == os.path.join(work, f"iter_{match['iters']}.pth")
+
+
+def test_an_interrupted_kernel_build_in_the_preflight_ends_in_one_line(capsys) -> None:
+    """A compiler interrupted by Ctrl-C (a background job: Python ignores SIGINT) ended the
+    kernel build with a fallback to a slower one; its BuildInterrupted now ends the tool."""
+
+    def build() -> None:
+        raise BuildInterrupted("building the cpu MSDA kernel (avx2) stopped: its compiler "
+                               "was interrupted (SIGINT)")  # fmt: skip
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_checks(build)
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "interrupted: building the cpu MSDA kernel (avx2) stopped: its compiler was "
+        "interrupted (SIGINT) (no checkpoint saved)"
+    ]

@@ -17,6 +17,7 @@ from mmdet.testing import demo_mm_inputs
 from mmengine.config import ConfigDict
 from msda_models_util import IMPLS, assert_same_step, build, layer_impls, running_on, tiny_dino_cfg
 
+from npudet.models.detectors.msda_config import msda_parts_of
 from npudet.ops import msda_impls
 
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
@@ -78,6 +79,7 @@ def test_per_part_override() -> None:
     impls = layer_impls(model)
     assert impls["encoder.layers.0.self_attn"] == "grid_sample"
     assert {impls[f"decoder.layers.{i}.cross_attn"] for i in range(2)} == {"cpu"}
+    assert msda_parts_of(model) == type(model).msda_parts  # what the preflight reads
 
 
 def test_cpu_and_grid_sample_same_step() -> None:

@@ -32,6 +32,7 @@ from msda_models_util import (  # noqa: E402
     write_tiny_bert,
 )
 
+from npudet.models.detectors.msda_config import msda_parts_of  # noqa: E402
 from npudet.ops import msda_impls  # noqa: E402
 
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
@@ -73,6 +74,7 @@ def test_loss_predict_on_npudet_layers(bert: str, impl: str) -> None:
         f"decoder.layers.{i}.cross_attn" for i in range(2)
     }
     assert model.msda_impls == {"encoder": impl, "decoder": impl}
+    assert msda_parts_of(model) == type(model).msda_parts  # what the preflight reads
     with running_on(model, impl) as record:
         data = model.data_preprocessor(batch(), True)
         losses = model(**data, mode="loss")

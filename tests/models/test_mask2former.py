@@ -17,6 +17,7 @@ from mmengine.config import ConfigDict
 from msda_models_util import IMPLS, assert_same_step, build, layer_impls, mmdet_config, running_on
 
 from npudet.models import convert_msda
+from npudet.models.detectors.msda_config import msda_parts_of
 from npudet.ops import msda_impls
 
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
@@ -74,6 +75,7 @@ def test_loss_predict_tensor_on_npudet_layers(rel: str, impl: str) -> None:
         f"panoptic_head.pixel_decoder.encoder.layers.{i}.self_attn" for i in range(2)
     }
     assert model.msda_impls["encoder"] == impl
+    assert msda_parts_of(model) == type(model).msda_parts  # what the preflight reads
     with running_on(model, impl) as record:
         data = model.data_preprocessor(batch(rel), True)
         losses = model(**data, mode="loss")

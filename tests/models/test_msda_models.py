@@ -29,6 +29,7 @@ def test_every_family_is_switched() -> None:
         assert cls is getattr(npudet.models, name), (name, cls)
         assert cls.__module__.startswith("npudet.models.detectors."), cls.__module__
         assert issubclass(cls, MSDAModel), name
+        assert cls.msda_parts, name  # declared: the preflight checks model.msda unbuilt
         # mmdet's own class is a base: its isinstance checks and checkpoints hold
         mmdet_bases = [b for b in cls.__mro__ if b.__module__.startswith("mmdet.")]
         assert mmdet_bases and mmdet_bases[0].__name__ == name, cls.__mro__

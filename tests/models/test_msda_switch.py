@@ -10,6 +10,7 @@ from mmcv.ops import MultiScaleDeformableAttention as MMCVMSDA
 from plugin_util import SMALL_DETR, SMALL_DINO, build_model, fake_batch, loss_and_grads, small_cfg
 
 from npudet.models import MultiScaleDeformableAttention, resolve_msda_cfg
+from npudet.models.detectors.msda_config import msda_parts_of
 from npudet.ops import msda_impls
 
 pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel did not build")
@@ -80,6 +81,7 @@ def test_two_impls_same_losses_and_grads(config: str) -> None:
     batch = fake_batch()
     ref = build_model(small_cfg(config, impl="grid_sample"))
     fused = build_model(small_cfg(config, impl="cpu"))
+    assert msda_parts_of(ref) == type(ref).msda_parts  # what the preflight reads
     # At init the encoder samples exactly on pixel centres, where bilinear sampling has
     # no gradient w.r.t. the location (one-sided slopes; round-off picks the side). Move
     # the offsets off the grid, as training does, so the gradients are well defined.

@@ -11,30 +11,28 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import pytest
+from table_util import markdown_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
-def headline_rows(readme: str) -> List[List[str]]:
-    """The cells of each body row of the table under ``## Headline figures``."""
-    section = readme.split("## Headline figures", 1)[1].split("\n## ", 1)[0]
-    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
-    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines]
-    return [r for r in rows[2:] if r]  # past the header and the |---| line
+def headline_rows(readme: str) -> List[Dict[str, str]]:
+    """The body rows of the table under ``## Headline figures``, by column name."""
+    return markdown_rows(readme.split("## Headline figures", 1)[1].split("\n## ", 1)[0])
 
 
-def unbacked(rows: List[List[str]], root: Path = ROOT) -> List[str]:
-    """Rows with a number in their figure cell (the second) but neither a link to an
-    existing path under results/ nor a "not stored" mark."""
+def unbacked(rows: List[Dict[str, str]], root: Path = ROOT) -> List[str]:
+    """Rows with a number in their ``figure`` cell but neither a link to an existing path
+    under results/ nor a "not stored" mark."""
     bad = []
     for cells in rows:
-        if len(cells) < 2 or not re.search(r"\d", cells[1]):
+        if not re.search(r"\d", cells["figure"]):
             continue
-        row = " | ".join(cells)
+        row = " | ".join(cells.values())
         targets = [t.split("#", 1)[0] for t in LINK.findall(row)]
         stored = [t for t in targets if t.startswith("results/") and (root / t).exists()]
         if not stored and "not stored" not in row:
@@ -49,17 +47,17 @@ def test_every_headline_figure_has_its_file_or_says_not_stored():
 
 
 @pytest.mark.parametrize(
-    ("row", "fails"),
+    ("figure", "command", "fails"),
     [
-        (["x", "AP 0.6", "[docs](docs/index.md)"], True),  # a page is not the stored output
-        (["x", "AP 0.6", "[file](results/no_such_file.json)"], True),
-        (["x", "AP 0.6", "[file](results/kernel_compile.json)"], False),
-        (["x", "AP 0.6 (not stored)", "cmd"], False),
-        (["x", "faster", "cmd"], False),  # no number, nothing to back
+        ("AP 0.6", "[docs](docs/index.md)", True),  # a page is not the stored output
+        ("AP 0.6", "[file](results/no_such_file.json)", True),
+        ("AP 0.6", "[file](results/kernel_compile.json)", False),
+        ("AP 0.6 (not stored)", "cmd", False),
+        ("faster", "cmd", False),  # no number, nothing to back
     ],
 )
-def test_the_check_fails_a_row_without_its_file(row, fails):
-    assert bool(unbacked([row])) is fails
+def test_the_check_fails_a_row_without_its_file(figure, command, fails):
+    assert bool(unbacked([dict(what="x", figure=figure, command=command)])) is fails
 
 
 @pytest.mark.dev  # dev/tools/host_cost_at.py

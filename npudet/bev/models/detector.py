@@ -70,6 +70,9 @@ class BEVFormer(BaseDetector):
     (``max_per_img``) go to the head, as in mmdet's DETR detectors.
     """
 
+    # what the preflight checks model.msda's part overrides against (MSDAModel.msda_parts)
+    msda_parts = {"encoder": "encoder", "decoder": "bbox_head.decoder"}
+
     def __init__(
         self,
         backbone: dict,

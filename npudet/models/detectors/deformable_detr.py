@@ -9,6 +9,7 @@ from mmdet.registry import MODELS
 from torch import Tensor
 
 from .level_pairs import LevelPairsMixin
+from .msda_config import ENCODER_DECODER
 from .msda_model import MSDAModel
 
 
@@ -21,6 +22,8 @@ class DeformableDETR(MSDAModel, LevelPairsMixin, MMDetDeformableDETR):
     decoder=None)``, see :func:`resolve_msda_cfg`. ``forward_transformer(feats, None)``
     keeps the level shapes symbolic for export (:class:`LevelPairsMixin`).
     """
+
+    msda_parts = ENCODER_DECODER
 
     def get_proposal_pos_embed(  # type: ignore[override]
         self, proposals: Tensor, num_pos_feats: Optional[int] = None, temperature: int = 10000

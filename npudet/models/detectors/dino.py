@@ -9,6 +9,7 @@ from mmdet.registry import MODELS
 from torch import Tensor
 
 from .level_pairs import LevelPairsMixin
+from .msda_config import ENCODER_DECODER
 from .msda_model import MSDAModel
 
 
@@ -16,6 +17,8 @@ from .msda_model import MSDAModel
 class DINO(MSDAModel, LevelPairsMixin, MMDetDINO):
     """Stock DINO whose MSDA layers run on ``npudet.ops`` (``msda`` as in DeformableDETR);
     ``forward_transformer(feats, None)`` keeps the level shapes symbolic for export."""
+
+    msda_parts = ENCODER_DECODER
 
     def forward_decoder(
         self,

@@ -11,6 +11,8 @@ from npudet.ops.msda import check_impl_name
 from ..layers import deformable_layers
 
 PARTS = ("encoder", "decoder")
+# The ``msda_parts`` of a DETR whose transformer is its own ``encoder`` and ``decoder``.
+ENCODER_DECODER = {"encoder": "encoder", "decoder": "decoder"}
 
 
 def resolve_msda_cfg(msda: Optional[Mapping], key: str = "model.msda") -> Dict[str, str]:
@@ -49,6 +51,34 @@ def layer_part(name: str) -> Optional[str]:
     return next((comp for comp in name.split(".") if comp in PARTS), None)
 
 
+def msda_parts_of(detector: nn.Module) -> Dict[str, str]:
+    """The MSDA parts ``detector`` has: part -> the module holding its first layer
+    (Mask2Former: ``encoder`` -> ``panoptic_head.pixel_decoder.encoder``)."""
+    found: Dict[str, str] = {}
+    for name, _ in deformable_layers(detector):
+        part = layer_part(name)
+        if part is not None and part not in found:
+            components = name.split(".")
+            found[part] = ".".join(components[: components.index(part) + 1])
+    return found
+
+
+def missing_part_error(
+    model: str, msda: Optional[Mapping], parts: Mapping[str, str]
+) -> Optional[str]:
+    """The error for a part override in ``msda`` naming a part model class ``model`` lacks
+    (``parts``: its :func:`msda_parts_of`), or None. The preflight's too: it reads ``parts``
+    from the class (``msda_parts``) without building the model."""
+    missing = [part for part in PARTS if (msda or {}).get(part) is not None and part not in parts]
+    if not missing:
+        return None
+    listed = ", ".join(f"{part} ({path})" for part, path in sorted(parts.items())) or "none"
+    return (
+        f"model.msda.{missing[0]}: {model} has no deformable-attention layer under a module "
+        f"named {missing[0]!r}; its MSDA parts: {listed}"
+    )
+
+
 def apply_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, str]:
     """Set the implementation of every deformable-attention layer of ``detector`` per ``msda``.
 
@@ -56,23 +86,14 @@ def apply_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, st
     implementation, any other layer ``impl``; mmcv's own MSDA layers are converted to
     npudet's in place. A part override for a part with no layer in this model (Mask2Former's
     MSDA is its pixel decoder's ``encoder``; it has no MSDA ``decoder``) raises ``ValueError``
-    naming the key and the model's parts. Returns the per-part implementations.
+    naming the key and the model's parts (:func:`missing_part_error`). Returns the per-part
+    implementations.
     """
     default, impls = _resolve(msda, "model.msda")
-    layers = list(deformable_layers(detector))
-    # part -> the module holding it, e.g. encoder -> panoptic_head.pixel_decoder.encoder
-    found: Dict[str, str] = {}
-    for name, layer in layers:
+    for name, layer in deformable_layers(detector):
         part = layer_part(name)
         layer.impl = default if part is None else impls[part]
-        if part is not None and part not in found:
-            components = name.split(".")
-            found[part] = ".".join(components[: components.index(part) + 1])
-    missing = [part for part in PARTS if (msda or {}).get(part) is not None and part not in found]
-    if missing:
-        listed = ", ".join(f"{part} ({path})" for part, path in sorted(found.items())) or "none"
-        raise ValueError(
-            f"model.msda.{missing[0]}: {type(detector).__name__} has no deformable-attention "
-            f"layer under a module named {missing[0]!r}; its MSDA parts: {listed}"
-        )
+    problem = missing_part_error(type(detector).__name__, msda, msda_parts_of(detector))
+    if problem:
+        raise ValueError(problem)
     return impls

@@ -13,7 +13,7 @@ does the same at run time for a model npudet does not list (a user's own, or mmd
 from __future__ import annotations
 
 import sys
-from typing import Any, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional
 
 from mmdet.registry import MODELS
 from mmengine.registry import Registry
@@ -26,7 +26,14 @@ class MSDAModel:
     ``msda`` (``dict(impl='auto', encoder=None, decoder=None)``, see
     :func:`~.msda_config.resolve_msda_cfg`), and once the base class has built the model
     every deformable-attention layer in it runs on ``npudet.ops``. ``msda_impls``: the
-    implementation of each part, as resolved."""
+    implementation of each part, as resolved.
+
+    ``msda_parts``: the parts the class builds, part -> the module holding it (what
+    :func:`~.msda_config.msda_parts_of` finds in a built model), so that the preflight checks
+    ``model.msda``'s part overrides without building the model; None where only the built
+    model tells (a class made by :func:`switch_msda`)."""
+
+    msda_parts: ClassVar[Optional[Mapping[str, str]]] = None
 
     def __init__(self, *args: Any, msda: Optional[Mapping] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -17,6 +17,7 @@ from mmdet.models.detectors import Mask2Former as MMDetMask2Former
 from mmdet.models.vis import Mask2FormerVideo as MMDetMask2FormerVideo
 from mmdet.registry import MODELS
 
+from .msda_config import ENCODER_DECODER
 from .msda_model import MSDAModel
 
 
@@ -24,11 +25,15 @@ from .msda_model import MSDAModel
 class DDQDETR(MSDAModel, MMDetDDQDETR):
     """mmdet's ``DDQDETR`` on npudet's MSDA: encoder and decoder."""
 
+    msda_parts = ENCODER_DECODER
+
 
 @MODELS.register_module(force=True)
 class GroundingDINO(MSDAModel, MMDetGroundingDINO):
     """mmdet's ``GroundingDINO`` on npudet's MSDA: the image encoder's layers (its text and
     fusion layers are not MSDA) and the decoder's image cross-attention."""
+
+    msda_parts = ENCODER_DECODER
 
 
 @MODELS.register_module(force=True)
@@ -36,10 +41,14 @@ class Mask2Former(MSDAModel, MMDetMask2Former):
     """mmdet's ``Mask2Former`` on npudet's MSDA: the pixel decoder's encoder
     (``panoptic_head.pixel_decoder.encoder``, ``model.msda.encoder``); it has no MSDA decoder."""
 
+    msda_parts = {"encoder": "panoptic_head.pixel_decoder.encoder"}
+
 
 @MODELS.register_module(force=True)
 class Mask2FormerVideo(MSDAModel, MMDetMask2FormerVideo):
     """mmdet's ``Mask2FormerVideo`` on npudet's MSDA: the same pixel decoder, per frame."""
+
+    msda_parts = {"encoder": "track_head.pixel_decoder.encoder"}
 
 
 # mmdet's names of the classes above (DeformableDETR and DINO have their own modules).

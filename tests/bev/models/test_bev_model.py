@@ -19,6 +19,7 @@ from npudet.bev.models.temporal_self_attention import (
     ego_motion,
     prev_reference_points,
 )
+from npudet.models.detectors.msda_config import msda_parts_of
 
 # The head tests' one-layer head over 16 dims.
 TINY_HEAD = dict(num_classes=2, embed_dims=16, num_layers=1, num_heads=2, ffn_dims=32)
@@ -180,6 +181,7 @@ def test_bev_configs_build(name: str) -> None:
     model = MODELS.build(cfg.model)
     assert model.msda_impls == {"encoder": "auto", "decoder": "grid_sample"}
     assert model.bbox_head.decoder[0].cross_attn.impl == "grid_sample"
+    assert msda_parts_of(model) == BEVFormer.msda_parts  # what the preflight reads
     # one training step of every shipped config, these included (finite losses, gradients
     # at every MSDA layer): tests/models/test_shipped_configs.py
 

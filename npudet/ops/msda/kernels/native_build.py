@@ -10,7 +10,10 @@ Python and the architecture (and the CPU model for a build tied to one CPU), so 
 process loads in milliseconds. ``NPUDET_EXT_CACHE`` moves the cache.
 
 One process builds a folder at a time (:func:`build_lock`): an ``fcntl.flock`` that the
-kernel drops when its owner dies, so a killed build never blocks a later one.
+kernel drops when its owner dies, so a killed build never blocks a later one. A compiler
+stopped by SIGINT is the user's Ctrl-C: :class:`BuildInterrupted` ends the process, never a
+fall back to another build (a background job ignores SIGINT in Python, so only ninja and the
+compiler see it).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -44,6 +48,30 @@ FLAGS = ["-O3", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math"]
 # cpp_extension links every library against libtorch_python; --as-needed drops it (and any
 # other library whose symbols the sources do not use), so the build loads without Python.
 LDFLAGS = ["-Wl,--as-needed", "-fopenmp"]
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """A native build stopped because its compiler was interrupted (SIGINT): the user asked
+    the run to end. A KeyboardInterrupt, so no ``except Exception`` on the way (a fallback to
+    another build) takes it."""
+
+
+def build_interrupted(exc: BaseException) -> bool:
+    """Whether the failed build ``exc`` (``torch.utils.cpp_extension``'s error, its cause
+    ninja's ``CalledProcessError``) stopped on SIGINT: ninja takes Ctrl-C to its process
+    group (its own handler, also where Python ignores SIGINT), stops its compilers and says
+    "interrupted by user"; a ninja that died of SIGINT itself exits with -SIGINT."""
+    seen: Optional[BaseException] = exc
+    while seen is not None:
+        if isinstance(seen, subprocess.CalledProcessError) and seen.returncode == -signal.SIGINT:
+            return True
+        output = getattr(seen, "output", None)
+        if isinstance(output, bytes):
+            output = output.decode(errors="replace")
+        if "interrupted by user" in f"{seen}\n{output or ''}":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _cpu_model() -> str:
@@ -146,8 +174,9 @@ def load_library(
     ``relative_sources`` are paths under the native source root; ``extra_flags`` follow
     ``FLAGS`` (e.g. ``-march=x86-64-v3``); ``cpu_specific`` keys the cache by this CPU
     (``-march=native``); ``extra_ldflags`` follow ``LDFLAGS``; ``what`` names the library
-    in the line printed when a build starts. A failure warns once and is remembered. Each
-    distinct build needs a distinct ``name``: torch loads a library by its file name.
+    in the line printed when a build starts. A failure warns once and is remembered, but
+    for a compiler interrupted by SIGINT: :class:`BuildInterrupted`. Each distinct build
+    needs a distinct ``name``: torch loads a library by its file name.
     """
     if name in _loaded:
         return _loaded[name]
@@ -177,6 +206,10 @@ def load_library(
             if not (library.is_file() and _loads(library)):
                 _build(name, sources, flags, [*LDFLAGS, *extra_ldflags], build, what)
     except Exception as exc:  # a compiler error, a missing header, an unusable cache: say why
+        if build_interrupted(exc):
+            raise BuildInterrupted(
+                f"building {what or name} stopped: its compiler was interrupted (SIGINT)"
+            ) from None
         reason = f"building {name} failed: {first_error(str(exc)) or repr(exc)}"
         warnings.warn(f"npudet: {reason}", stacklevel=2)
         _loaded[name] = reason

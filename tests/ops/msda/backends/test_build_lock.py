@@ -1,5 +1,6 @@
 """A native build killed midway blocks no later build; a waiting process says whose build it
-waits for; Ctrl-C during a build ends the process (issue 48, item 1).
+waits for; Ctrl-C during a build ends the process (issue 48, item 1), in a background job too,
+where only the compiler sees it (issue 57), and is never a reason to build another variant.
 
 Each test builds a one-function library through ``native_build.load_library`` in child
 processes, with ``CXX`` a wrapper around the real compiler that marks when it compiles and
@@ -18,11 +19,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict
 
 import pytest
 from plugin_util import ROOT
 
+from npudet.ops.msda.backends import cpu_isa, cpu_library
 from npudet.ops.msda.kernels import native_build
 
 pytestmark = pytest.mark.skipif(
@@ -69,7 +71,15 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _start(tmp_path: Path, env: Dict[str, str]) -> subprocess.Popen:
+def _ignore_sigint() -> None:
+    # bash starts a background job (`cmd &`) with SIGINT ignored: Python never raises
+    # KeyboardInterrupt there, while ninja and the compiler still take the signal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start(
+    tmp_path: Path, env: Dict[str, str], preexec: Callable[[], None] = _default_sigint
+) -> subprocess.Popen:
     # Its own session, as a job under a shell is: a signal can go to the whole group.
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path / "src")],
@@ -79,7 +89,7 @@ def _start(tmp_path: Path, env: Dict[str, str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=_default_sigint,
+        preexec_fn=preexec,
     )
 
 
@@ -145,3 +155,51 @@ def test_ctrl_c_during_a_build_ends_the_process(tmp_path) -> None:
     # Not a failed build (which would warn "building ... failed" and go on without it).
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, (out, err)
     assert "RESULT" not in out and "failed" not in err, (out, err)
+
+
+def test_ctrl_c_in_a_background_job_ends_the_build_too(tmp_path) -> None:
+    """A training started in the background ignores SIGINT in Python: Ctrl-C to its group
+    stopped only ninja and the compiler, and the failed build fell back to the slower
+    ``baseline`` variant. A build stopped by SIGINT now ends the process, saying so."""
+    env = _setup(tmp_path)
+    # torch's compiler probes (-v, -dumpversion) run straight from Python, ignoring SIGINT
+    # as it does: only a compile (-c, run by ninja) waits for the signal
+    cxx = native_build.compiler()
+    wrapper = Path(env["CXX"])
+    wrapper.write_text(
+        wrapper.read_text().replace(
+            "#!/bin/sh\n", f'#!/bin/sh\ncase " $* " in *" -c "*) ;; *) exec {cxx} "$@";; esac\n', 1
+        )
+    )
+    proc = _start(tmp_path, env, preexec=_ignore_sigint)
+    try:
+        _wait_for(tmp_path / "compiling", proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        (tmp_path / "SLOW").unlink(missing_ok=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # a build that went on: the test fails
+    assert proc.returncode != 0 and "RESULT" not in out, (out, err)
+    assert (
+        "BuildInterrupted: building the lock test library stopped: its compiler was "
+        "interrupted (SIGINT)"
+    ) in err, err
+    assert "failed" not in err, err
+
+
+def test_an_interrupted_build_tries_no_other_variant(monkeypatch) -> None:
+    """The ``cpu`` kernel builds the next instruction-set variant when one fails; not when
+    the build was interrupted."""
+    tried = []
+
+    def interrupted(name: str, *args, **kwargs):
+        tried.append(name)
+        raise native_build.BuildInterrupted(f"building {name} stopped")
+
+    monkeypatch.setattr(cpu_library, "_state", {})
+    monkeypatch.setattr(cpu_library, "load_library", interrupted)
+    monkeypatch.setattr(cpu_isa, "candidates", lambda: list(cpu_isa.VARIANTS["x86_64"]))
+    with pytest.raises(native_build.BuildInterrupted):
+        cpu_library.load()
+    assert len(tried) == 1  # the best variant only: no fallback
