@@ -13,7 +13,12 @@ from mmengine.hooks import CheckpointHook
 
 from npudet.hooks.atomic_checkpoint import CheckpointSaveError
 from npudet.hooks.non_finite_loss import NonFiniteLossError
-from npudet.hooks.run_guard import CheckpointCorruptError, NothingTrainedError, TrainingInterrupted
+from npudet.hooks.run_guard import (
+    CheckpointCorruptError,
+    NothingTrainedError,
+    PeerLostError,
+    TrainingInterrupted,
+)
 
 from .cfg_options import apply_cfg_options
 from .preflight import PreflightError
@@ -131,8 +136,8 @@ def run_guarded(step: Callable[[], Any]) -> Any:
     """Run ``runner.train`` / ``runner.test`` (``step``); what npudet's hooks raise ends the
     process with one line and no traceback: an interrupt (already logged with its
     checkpoint by ``RunGuardHook``) with status 128 + the signal number, a run that trained
-    nothing, a corrupt checkpoint, a checkpoint that could not be saved or a diverged run
-    with status 2."""
+    nothing, a corrupt checkpoint, a checkpoint that could not be saved, a diverged run or a
+    lost peer rank with status 2."""
     try:
         return step()
     except TrainingInterrupted as err:
@@ -142,6 +147,7 @@ def run_guarded(step: Callable[[], Any]) -> Any:
         CheckpointCorruptError,
         CheckpointSaveError,
         NonFiniteLossError,
+        PeerLostError,
     ) as err:
         fail(str(err))
     except KeyboardInterrupt:

@@ -32,6 +32,7 @@ from .atomic_checkpoint import (
     PROGRESS_KEY,
     AtomicCheckpointHook,
     CheckpointSaveError,
+    recorded_checkpoint,
     save_atomically,
     write_record,
 )
@@ -53,6 +54,25 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 class NothingTrainedError(RuntimeError):
     """The training loop ended without running a single iteration."""
+
+
+class PeerLostError(RuntimeError):
+    """Another rank of a distributed run died (its collective failed on this rank)."""
+
+
+# What a collective raises on a surviving rank when a peer process dies: gloo's and NCCL's
+# words (torch raises them as a plain RuntimeError or as DistError).
+_PEER_LOST = ("closed by peer", "reset by peer", "remote worker crash", "remote process exit")
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether ``err`` is a collective failing because another rank is gone."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    if torch.distributed.get_world_size() < 2:
+        return False
+    text = str(err).lower()
+    return isinstance(err, torch.distributed.DistError) or any(m in text for m in _PEER_LOST)
 
 
 class CheckpointCorruptError(ValueError):
@@ -279,13 +299,25 @@ def train_keeping_progress(runner: Any) -> None:
     in a layer), the iterations done since the last checkpoint are saved first
     (``iter_N.pth``, logged) and the error goes on. Not after a stop that must keep the
     last checkpoint as it is (divergence, a failed save, a corrupt checkpoint) or that
-    trained nothing (a resumed finished run: its checkpoint is the progress)."""
+    trained nothing (a resumed finished run: its checkpoint is the progress); when a peer
+    rank is lost, :class:`PeerLostError` names the last checkpoint instead."""
     try:
         runner.train()
     except (NonFiniteLossError, CheckpointSaveError, CheckpointCorruptError, NothingTrainedError):
         raise
-    except Exception:
+    except Exception as err:
         iters = runner.iter
+        if peer_lost(err):
+            # This rank's state alone after a collective failed half way: keep the last
+            # checkpoint as the point to restart from (tools/dist_train.sh MAX_RESTARTS=N).
+            kept = recorded_checkpoint(runner.work_dir)
+            kept = kept if kept and os.path.isfile(kept) else "none (none saved yet)"
+            message = (
+                f"a peer rank was lost at iteration {iters + 1}; the last checkpoint is {kept}; "
+                "with MAX_RESTARTS (tools/dist_train.sh) the job restarts from it"
+            )
+            runner.logger.error(message)
+            raise PeerLostError(message) from err
         if iters > 0 and saved_at(runner, iters) is None:
             path = save_progress(runner, runner.epoch, iters)
             runner.logger.error(
