@@ -311,11 +311,12 @@ def train_keeping_progress(runner: Any) -> None:
             # This rank's state alone after a collective failed half way: keep the last
             # checkpoint as the point to restart from (tools/dist_train.sh MAX_RESTARTS=N).
             kept = recorded_checkpoint(runner.work_dir)
-            kept = kept if kept and os.path.isfile(kept) else "none (none saved yet)"
-            message = (
-                f"a peer rank was lost at iteration {iters + 1}; the last checkpoint is {kept}; "
-                "with MAX_RESTARTS (tools/dist_train.sh) the job restarts from it"
-            )
+            restart = "with MAX_RESTARTS (tools/dist_train.sh) the job"
+            if kept and os.path.isfile(kept):
+                after = f"the last checkpoint is {kept}; {restart} restarts from it"
+            else:
+                after = f"no checkpoint was saved yet; {restart} starts again as it first did"
+            message = f"a peer rank was lost at iteration {iters + 1}; {after}"
             runner.logger.error(message)
             raise PeerLostError(message) from err
         if iters > 0 and saved_at(runner, iters) is None:

@@ -129,6 +129,9 @@ def test_a_lost_peer_names_the_last_checkpoint(tmp_path, monkeypatch) -> None:
         )
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_1.pth", "last_checkpoint"]
+    (tmp_path / "last_checkpoint").unlink()
+    with pytest.raises(run_guard.PeerLostError, match="; no checkpoint was saved yet; with MAX_"):
+        run_guard.train_keeping_progress(Runner())
 
 
 def _train_elastic(work: Path, options: List[str]) -> subprocess.Popen:
