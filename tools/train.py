@@ -4,11 +4,15 @@ python tools/train.py CONFIG [--work-dir DIR] [--msda-impl cpu] [--resume [CKPT]
     [--amp [--amp-dtype bfloat16|float16]] [--compile [BACKEND]] [--auto-scale-lr]
     [--skip-image-check] [--cfg-options k=v ...]
     [--launcher pytorch]
+
+A worker that torchrun restarted (``tools/dist_train.sh`` with ``MAX_RESTARTS=N``) resumes
+from the work dir's last checkpoint by itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from mmengine.device import get_device
 from mmengine.registry import RUNNERS
@@ -33,7 +37,7 @@ from npudet.engine.preflight import (
     check_msda,
     check_train_length,
 )
-from npudet.engine.resume import plan_resume, resume_config_warning
+from npudet.engine.resume import plan_elastic_restart, plan_resume, resume_config_warning
 from npudet.hooks import compile_with_hook, launch_env_setup, train_keeping_progress
 
 
@@ -96,7 +100,8 @@ def main() -> None:
         cfg.load_from = args.resume
 
     try:
-        resume_note = plan_resume(cfg)
+        # plan_resume after the restart's plan: --resume alone with no checkpoint yet
+        resume_notes = [plan_elastic_restart(cfg, os.environ), plan_resume(cfg)]
     except PreflightError as err:
         fail(str(err))
     checks = [
@@ -109,8 +114,9 @@ def main() -> None:
         strict = bool(cfg.get("resume"))
         checks.append(lambda: check_checkpoint(cfg, cfg.load_from, key, strict=strict))
     run_checks(*checks)
-    if resume_note:
-        print(f"[npudet] {resume_note}")
+    resume_notes = [note for note in resume_notes if note]
+    for note in resume_notes:
+        print(f"[npudet] {note}")
     run_checks(lambda: guard_training(cfg))
 
     for action in launch_env_setup():
@@ -120,8 +126,8 @@ def main() -> None:
     def train() -> None:
         runner = Runner.from_cfg(cfg) if "runner_type" not in cfg else RUNNERS.build(cfg)
         runner.logger.info(msda_summary(runner.model))
-        if resume_note:
-            runner.logger.info(resume_note)
+        for note in resume_notes:
+            runner.logger.info(note)
         if cfg.get("resume") and cfg.load_from:
             warning = resume_config_warning(cfg.load_from, runner.cfg)
             if warning:

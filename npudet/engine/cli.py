@@ -16,6 +16,7 @@ from npudet.hooks.non_finite_loss import NonFiniteLossError
 from npudet.hooks.run_guard import (
     CheckpointCorruptError,
     NothingTrainedError,
+    PeerLostError,
     TrainingFailed,
     TrainingInterrupted,
 )
@@ -147,9 +148,9 @@ def run_guarded(step: Callable[[], Any]) -> Any:
     """Run ``runner.train`` / ``runner.test`` (``step``); what npudet's hooks raise ends the
     process with one line and no traceback: an interrupt (already logged with its
     checkpoint by ``RunGuardHook``) with status 128 + the signal number, a run that trained
-    nothing, a corrupt checkpoint, a checkpoint that could not be saved, a diverged run or
-    one whose data failed (a dataloader worker killed, an image that does not decode) with
-    status 2."""
+    nothing, a corrupt checkpoint, a checkpoint that could not be saved, a diverged run, a
+    lost peer rank or a run whose data failed (a dataloader worker killed, an image that
+    does not decode) with status 2."""
     try:
         return step()
     except TrainingInterrupted as err:
@@ -159,6 +160,7 @@ def run_guarded(step: Callable[[], Any]) -> Any:
         CheckpointCorruptError,
         CheckpointSaveError,
         NonFiniteLossError,
+        PeerLostError,
         TrainingFailed,
     ) as err:
         fail(str(err))

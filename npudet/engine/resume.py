@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from mmengine.config import Config
@@ -214,3 +214,27 @@ def resume_config_warning(path: str, cfg: Config) -> str:
         "weight decay) and the parameter schedulers continue from the checkpoint's state, so "
         "changes to them do not take effect"
     )
+
+
+def plan_elastic_restart(cfg: Config, environ: Mapping[str, str]) -> str:
+    """For a worker that torchrun restarted (``--max-restarts``; it sets
+    ``TORCHELASTIC_RESTART_COUNT`` > 0 in a restarted worker's environment): resume from the
+    work dir's last checkpoint (:func:`find_resume_checkpoint`) whatever the command line said,
+    since the first attempt saved its progress there; with none saved yet, start as the first
+    attempt did (``--resume PATH``, the config's ``load_from``, or from scratch). Returns the
+    line saying which ("" for a first start). Raises PreflightError as
+    :func:`find_resume_checkpoint` does."""
+    try:
+        restarts = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        restarts = 0
+    if restarts <= 0:
+        return ""
+    head = f"elastic restart {restarts} (torchrun --max-restarts)"
+    path, note = find_resume_checkpoint(cfg)
+    if path is None:
+        start = f"from {cfg.load_from}" if cfg.get("load_from") else "from scratch"
+        return f"{head}: no checkpoint in {checkpoint_dir(cfg)} yet; starting {start} again"
+    cfg.resume = True
+    cfg.load_from = path
+    return f"{head}: {note}"

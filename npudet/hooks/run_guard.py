@@ -36,6 +36,7 @@ from .atomic_checkpoint import (
     PROGRESS_KEY,
     AtomicCheckpointHook,
     CheckpointSaveError,
+    recorded_checkpoint,
     save_atomically,
     write_record,
 )
@@ -66,6 +67,25 @@ class TrainingFailed(RuntimeError):
     def __init__(self, message: str, checkpoint: Optional[str]) -> None:
         super().__init__(message)
         self.checkpoint = checkpoint
+
+
+class PeerLostError(RuntimeError):
+    """Another rank of a distributed run died (its collective failed on this rank)."""
+
+
+# What a collective raises on a surviving rank when a peer process dies: gloo's and NCCL's
+# words (torch raises them as a plain RuntimeError or as DistError).
+_PEER_LOST = ("closed by peer", "reset by peer", "remote worker crash", "remote process exit")
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether ``err`` is a collective failing because another rank is gone."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    if torch.distributed.get_world_size() < 2:
+        return False
+    text = str(err).lower()
+    return isinstance(err, torch.distributed.DistError) or any(m in text for m in _PEER_LOST)
 
 
 class CheckpointCorruptError(ValueError):
@@ -375,13 +395,26 @@ def train_keeping_progress(runner: Any) -> None:
     cause and the checkpoint where :func:`failure_cause` knows the cause, as it is
     otherwise (a traceback is what tells a crash in a layer). Not after a stop that must
     keep the last checkpoint as it is (divergence, a failed save, a corrupt checkpoint) or
-    that trained nothing (a resumed finished run: its checkpoint is the progress)."""
+    that trained nothing (a resumed finished run: its checkpoint is the progress); when a
+    peer rank is lost, :class:`PeerLostError` names the last checkpoint instead."""
     try:
         runner.train()
     except (NonFiniteLossError, CheckpointSaveError, CheckpointCorruptError, NothingTrainedError):
         raise
     except Exception as err:
         iters = runner.iter
+        if peer_lost(err):
+            # This rank's state alone after a collective failed half way: keep the last
+            # checkpoint as the point to restart from (tools/dist_train.sh MAX_RESTARTS=N).
+            kept = recorded_checkpoint(runner.work_dir)
+            restart = "with MAX_RESTARTS (tools/dist_train.sh) the job"
+            if kept and os.path.isfile(kept):
+                after = f"the last checkpoint is {kept}; {restart} restarts from it"
+            else:
+                after = f"no checkpoint was saved yet; {restart} starts again as it first did"
+            message = f"a peer rank was lost at iteration {iters + 1}; {after}"
+            runner.logger.error(message)
+            raise PeerLostError(message) from err
         path = saved_at(runner, iters)
         if iters > 0 and path is None:
             with sigchld_default():
