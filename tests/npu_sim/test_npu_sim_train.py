@@ -4,8 +4,9 @@ simulated NPU (``NPUDET_SIMULATED_NPU=1``), with mmengine's NPU branches in forc
 Each run is a child process that sees only the variable, as a user's would. What they prove:
 the device glue (model, data, optimizer state and checkpoints on ``npu``; mmengine's
 ``get_device`` / ``BaseModel.to`` / AMP branches; ``NPUSetupHook``; ``auto`` on ``npu``), not
-NPU speed or numerics: the device computes with the CPU's kernels, so its losses match a CPU
-run's to round-off.
+NPU speed or numerics: the device computes with the CPU's kernels, so from the same weights its
+losses match a CPU run's to round-off. The weights must come from one place: an npu run
+initialises its model on the device, from the npu generator (as on a real NPU), not the CPU's.
 """
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+import torch
 from npu_sim_util import npu_env
-from plugin_util import ROOT, SMALL_DETR, SMALL_DINO, data_options, run_tool
+from plugin_util import (
+    ROOT,
+    SMALL_DETR,
+    SMALL_DINO,
+    build_model,
+    data_options,
+    run_tool,
+    small_cfg,
+)
 
 BEV = os.path.join(ROOT, "configs/bev/bev-small_r18_synthetic.py")
 FAST = ["default_hooks.logger.interval=1", "log_processor.window_size=1"]
@@ -77,10 +87,13 @@ def _test(config: str, checkpoint: Path, work: Path, options: List[str], npu: bo
 
 @pytest.fixture(scope="module")
 def detr_runs(tiny_shapes: str, tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
-    """The small Deformable DETR for one iteration: ``auto`` on the simulated NPU, and the
-    ``grid_sample`` reference on the CPU (what npu_vendor's double computes with)."""
+    """The small Deformable DETR for one iteration from the same initial weights: ``auto`` on
+    the simulated NPU, and the ``grid_sample`` reference on the CPU (what npu_vendor's double
+    computes with)."""
     root = tmp_path_factory.mktemp("npu_detr")
-    options = [*data_options(tiny_shapes), *FAST, *ONE_STEP]
+    weights = root / "initial.pth"  # both runs start from these (load_from)
+    torch.save({"state_dict": build_model(small_cfg()).state_dict()}, weights)
+    options = [*data_options(tiny_shapes), *FAST, *ONE_STEP, f"load_from={weights}"]
     works = {"npu": root / "npu", "cpu": root / "cpu"}
     _train(SMALL_DETR, works["npu"], options, "--msda-impl", "auto")
     _train(SMALL_DETR, works["cpu"], options, "--msda-impl", "grid_sample", npu=False)
