@@ -28,9 +28,14 @@ _SIM_MODULES = ("torch_npu", "mx_driving")
 
 
 def npu_env(**extra: str) -> Dict[str, str]:
-    """``os.environ`` with the simulation on (and ``extra``), for a child process."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update({ENV: "1", "PYTHONUNBUFFERED": "1"}, **extra)
+    """``os.environ`` with the simulation on (and ``extra``), for a child process.
+
+    The Triton interpreter is switched off by value, not by removing the variable: callers
+    such as ``run_tool`` lay this dict over ``os.environ``, where the test session set it on,
+    and an interpreted Triton on npu tensors would run every parity case for minutes.
+    """
+    env = dict(os.environ)
+    env.update({ENV: "1", "PYTHONUNBUFFERED": "1", "TRITON_INTERPRET": "0"}, **extra)
     return env
 
 
