@@ -403,7 +403,10 @@ def train_keeping_progress(runner: Any) -> None:
         raise
     except Exception as err:
         iters = runner.iter
-        if peer_lost(err):
+        # A dataloader worker's death reads like a lost peer ("reset by peer") in a
+        # distributed run: the cause found in the error wins over the collective's words.
+        cause = failure_cause(err)
+        if cause is None and peer_lost(err):
             # This rank's state alone after a collective failed half way: keep the last
             # checkpoint as the point to restart from (tools/dist_train.sh MAX_RESTARTS=N).
             kept = recorded_checkpoint(runner.work_dir)
@@ -424,7 +427,6 @@ def train_keeping_progress(runner: Any) -> None:
             kept = f"its checkpoint is {path}"
         else:
             kept = "no iteration was trained, nothing is saved"
-        cause = failure_cause(err)
         message = f"training failed after iteration {iters}: {kept}" + (
             "; continue with --resume once the cause is fixed" if path else ""
         )

@@ -134,6 +134,27 @@ def test_a_lost_peer_names_the_last_checkpoint(tmp_path, monkeypatch) -> None:
         run_guard.train_keeping_progress(Runner())
 
 
+def test_a_dead_worker_in_a_distributed_run_is_not_a_lost_peer(tmp_path, monkeypatch) -> None:
+    """A dataloader worker's death says "reset by peer" too: its cause is named, not a rank."""
+    logged = []
+
+    class Runner:
+        iter, work_dir, hooks, epoch = 0, str(tmp_path), [], 0
+        logger = SimpleNamespace(error=logged.append)
+
+        def train(self) -> None:
+            raise RuntimeError(
+                "DataLoader worker (pid 4242) is killed by signal: Killed. "
+                "Connection reset by peer"
+            )
+
+    monkeypatch.setattr(run_guard, "peer_lost", lambda err: True)  # as in a 2-rank group
+    with pytest.raises(run_guard.TrainingFailed) as err:
+        run_guard.train_keeping_progress(Runner())
+    assert str(err.value).startswith("dataloader worker (pid 4242) killed by signal 9 (SIGKILL)")
+    assert logged == [str(err.value)]
+
+
 def _train_elastic(work: Path, options: List[str]) -> subprocess.Popen:
     """tools/dist_train.sh in elastic mode (one restart), its output in ``WORK.out``."""
     command, env = _dist_train(work, options, MAX_RESTARTS="1")
