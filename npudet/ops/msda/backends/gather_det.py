@@ -18,6 +18,9 @@ forward). The backward is written out instead of left to ``embedding_bag``'s:
 - the location and attention-weight gradients follow from the corner weights through
   plain elementwise torch ops (``bilinear_corners``), as in ``gather``.
 
+The other NPU operators this path runs (``aclnnEmbeddingBag`` forward, the gathers, sums
+over a fixed dimension) are not on CANN's list of operators whose results may vary.
+
 The corners are added in chunks of whole bag columns, so the (rows, D) buffer of
 contributions stays under ``CHUNK_ELEMENTS`` however large the call; chunks run in a fixed
 order, so the sum is the same every run.
