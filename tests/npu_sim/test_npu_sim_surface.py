@@ -101,9 +101,13 @@ def test_events_time_the_work_between_records_and_streams_are_accepted(simulated
 
 
 def test_profile_runs_mmengines_npu_profiler_hook(simulated_npu, tmp_path):
+    """The hook runs, and the simulation warns that torch_npu 2.x has no ``npu.profile``."""
     from mmengine.hooks import NPUProfilerHook
 
-    hook = NPUProfilerHook(begin=0, end=1, result_path=str(tmp_path), exit_after_profiling=False)
+    with pytest.warns(UserWarning, match="torch_npu.npu.profile is simulated: torch_npu 2.1"):
+        hook = NPUProfilerHook(
+            begin=0, end=1, result_path=str(tmp_path), exit_after_profiling=False
+        )
     runner = SimpleNamespace(iter=0, max_iters=2, logger=logging.getLogger("npu_sim_profile"))
     hook.before_run(runner)
     hook.before_train_iter(runner, 0)
