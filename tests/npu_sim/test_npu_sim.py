@@ -73,6 +73,20 @@ def test_variable_brings_the_stand_in_before_anything_else():
     assert plain.returncode != 0 and "No module named 'torch_npu'" in plain.stderr
 
 
+def test_torch_npu_imported_before_torch():
+    """``import torch_npu`` first loads the device as torch_npu does (its own ``import torch``
+    runs with the backend autoload off, so torch does not import the half-made package again),
+    and leaves the autoload switch as it found it, for child processes."""
+    out = _child(
+        """
+        import torch_npu, os, torch
+        print(torch.npu.is_available(), torch.ones(1, device="npu").device,
+              os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"])
+        """
+    )
+    assert out.split() == ["True", "npu:0", "1"]
+
+
 def test_refuses_to_shadow_a_real_torch_npu(tmp_path):
     real = tmp_path / "torch_npu"
     real.mkdir()
