@@ -194,3 +194,20 @@ def test_what_the_readme_says_is_missing_is_missing(simulated_npu):
         for name in names:
             with pytest.raises(getattr(builtins, kind)):
                 _resolve(name, as_module=kind == "ModuleNotFoundError")
+
+
+def test_rng_state_hook_restores_the_npu_generator(simulated_npu):
+    """A resumed run on an accelerator draws the dropout masks the uninterrupted run drew."""
+    from types import SimpleNamespace
+
+    from npudet.hooks.rng_state_hook import RNGStateHook
+
+    hook, checkpoint = RNGStateHook(), {}
+    runner = SimpleNamespace(logger=logging.getLogger("rng"))
+    torch.npu.manual_seed_all(3)
+    hook.before_save_checkpoint(runner, checkpoint)
+    expected = torch.rand(5, device="npu").cpu()
+    torch.npu.manual_seed_all(0)  # what mmengine's re-seeding on resume does
+    hook.after_load_checkpoint(runner, checkpoint)
+    assert torch.equal(torch.rand(5, device="npu").cpu(), expected)
+    assert len(checkpoint["meta"]["rng_state"]["devices"]["npu"]) == torch.npu.device_count()
