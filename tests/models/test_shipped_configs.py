@@ -161,12 +161,11 @@ def mmdet_differences(path: str) -> Set[str]:
     return config_differences(Config.fromfile(path), Config.fromfile(mmdet_path))
 
 
-@pytest.mark.parametrize(
-    "path", [p for p in CONFIGS if p not in MMDET_DERIVED], ids=os.path.basename
-)
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
 def test_config_keeps_the_rng_states(path: str) -> None:
-    """npudet's own configs (the small and BEV ones) build ``RNGStateHook`` from their
-    ``custom_hooks`` as the runner does: a resumed run draws what the uninterrupted one would."""
+    """Every shipped config (the COCO ones through configs/_base_/npudet_coco.py) builds
+    ``RNGStateHook`` from its ``custom_hooks`` as the runner does: a resumed run draws what
+    the uninterrupted one would."""
     from mmengine.registry import HOOKS, DefaultScope
     from mmengine.utils import import_modules_from_strings
 
