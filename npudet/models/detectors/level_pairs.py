@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from npudet.ops.msda import note_level_layout
 from npudet.ops.msda.levels import LevelPairs
 
 
@@ -51,7 +52,17 @@ class LevelPairsMixin:
         feat / feat_pos (bs, sum H_l*W_l, C), spatial_shapes [(H_l, W_l)], valid_ratios
         (bs, levels, 2) of ones, no mask, level_start_index None (the layers derive it)."""
         if batch_data_samples is not None:
-            return super().pre_transformer(mlvl_feats, batch_data_samples)  # type: ignore[misc]
+            encoder_inputs, decoder_inputs = super().pre_transformer(  # type: ignore[misc]
+                mlvl_feats, batch_data_samples
+            )
+            # mmdet built the level tensors on the device from these sizes: the op need not
+            # read them back (a device-to-host sync per forward on an accelerator).
+            note_level_layout(
+                encoder_inputs["spatial_shapes"],
+                encoder_inputs["level_start_index"],
+                [tuple(feat.shape[-2:]) for feat in mlvl_feats],
+            )
+            return encoder_inputs, decoder_inputs
         feats, poses, pairs = [], [], []
         for lvl, feat in enumerate(mlvl_feats):
             # mmdet's unmasked case: the encoding of a map with no padding.
