@@ -30,7 +30,9 @@ def main() -> None:
     parser.add_argument(
         "--impls",
         default="stock,auto",
-        help="comma-separated: stock and/or npudet MSDA implementations (auto: npudet's default)",
+        help="comma-separated: stock and/or npudet MSDA implementations (auto: npudet's "
+        "default); IMPL:batched_matching runs IMPL with the Hungarian matchings batched "
+        "(model.train_cfg.assigner.type='BatchedHungarianAssigner')",
     )
     add_run_options(parser, iters=2, warmup_help="iterations left uncounted")
     parser.add_argument("--json", required=True, help="output JSON; the .md beside it")

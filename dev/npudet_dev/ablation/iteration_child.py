@@ -6,7 +6,7 @@
      "data": {"kind": "coco" |
      "bev", "root": dir, "width": W, "height": H}, "iters": N, "init_weights": path,
      "seed": 0, "threads": 2, "work_dir": dir, "reference_matching": path | null,
-     "bare": false}
+     "bare": false, "cfg_options": {key: value} | null}
 
 builds the runner (``stock``: mmdet's config and classes, npudet's plugin never imported,
 see :mod:`.bench_config`), loads the shared initial weights (strict: the same parameter
@@ -17,6 +17,7 @@ names), reseeds, trains N iterations and writes ``WORK_DIR/record.json``: ``loss
 ``peak_rss_mb``, ``detector``, ``msda_layer_classes``, ``msda_impls``, ``npudet_modules``.
 ``bare``: none of the benchmark's own work inside the model (no MSDA timer, no matching
 recorder; both add ops to the iteration), for runs that count what the model dispatches.
+``cfg_options``: merged into the config (``Config.merge_from_dict``) before the run.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def run(spec: Dict[str, Any], hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
     cfg = load_config(spec["config"], stock)
     if not stock:
         cfg.model.msda = dict(impl=spec["impl"], encoder=None, decoder=None)
+    if spec.get("cfg_options"):
+        cfg.merge_from_dict(spec["cfg_options"])
     data = spec["data"]
     if data["kind"] == "coco":
         use_coco_images(cfg, data["root"], data["width"], data["height"])

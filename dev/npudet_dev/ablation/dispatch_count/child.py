@@ -4,7 +4,8 @@
 ``NPUDET_SIMULATED_NPU=1``: the runner puts the model on ``npu``) trains as
 :mod:`..iteration_child` does, bare (no benchmark work inside the model), with
 :class:`~.hook.DispatchCountHook` counting the iterations after ``count_warmup``, and adds
-``dispatch`` (one count per counted iteration) and ``device`` to ``record.json``.
+``dispatch`` (one count per counted iteration) and ``device`` to ``record.json``. An ``impl``
+named ``IMPL:batched_matching`` runs IMPL with :data:`BATCHED_MATCHING`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from npudet.ablation.worker import save_record, spec_main
 
 from .. import iteration_child
 from .hook import DispatchCountHook
+
+# npudet's switch that prefetches a loss computation's Hungarian matchings in one host round trip
+BATCHED_MATCHING = {"model.train_cfg.assigner.type": "BatchedHungarianAssigner"}
+SUFFIX = ":batched_matching"
 
 
 def vendor_doubles() -> tuple:
@@ -33,7 +38,10 @@ def run(spec: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     hook = DispatchCountHook(int(spec["count_warmup"]), "npu", vendor_doubles())
-    record = iteration_child.run({**spec, "bare": True}, hooks=[hook])
+    run_spec = {**spec, "bare": True}
+    if spec["impl"].endswith(SUFFIX):
+        run_spec.update(impl=spec["impl"][: -len(SUFFIX)], cfg_options=BATCHED_MATCHING)
+    record = iteration_child.run(run_spec, hooks=[hook])
     on_npu = hasattr(torch, "npu") and torch.npu.is_available()
     device = torch.npu.get_device_name() if on_npu else "cpu"
     return save_record(spec, {**record, "dispatch": hook.iterations, "device": device})
