@@ -211,8 +211,9 @@ def validate_inputs(
     )
 
 
-# spatial_shapes -> (level_start_index, both tensors' in-place write counts, num_keys) of
-# the last layout whose values were checked. Weak keys: a freed tensor's id can be reused.
+# spatial_shapes -> (level_start_index, (both tensors' in-place write counts, num_keys), the
+# (H, W) pairs when a model told them: note_level_layout) of the last layout whose values were
+# checked. Weak keys: a freed tensor's id can be reused.
 _checked_layouts: WeakIdKeyDictionary = WeakIdKeyDictionary()
 # The last pair found valid, tried first: a model hands one pair to every layer of a
 # forward, so most calls end at an identity test instead of a weak-key look-up (which
@@ -274,10 +275,15 @@ def _check_layout(shapes: List[List[int]], starts: List[int], num_keys: int) -> 
         )
 
 
-def _remember(spatial_shapes: torch.Tensor, level_start_index: torch.Tensor, state: tuple) -> None:
+def _remember(
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    state: tuple,
+    pairs: Optional[List[Tuple[int, int]]] = None,
+) -> None:
     global _last_checked
     starts_ref = weakref.ref(level_start_index)
-    _checked_layouts[spatial_shapes] = (starts_ref, state)
+    _checked_layouts[spatial_shapes] = (starts_ref, state, pairs)
     _last_checked = (weakref.ref(spatial_shapes), starts_ref, state)
 
 
@@ -312,4 +318,14 @@ def note_level_layout(
     _check_layout(shapes, [sum(sizes[:i]) for i in range(len(sizes))], num_keys)
     if not (spatial_shapes.is_inference() or level_start_index.is_inference()):
         state = (spatial_shapes._version, level_start_index._version, num_keys)
-        _remember(spatial_shapes, level_start_index, state)
+        _remember(spatial_shapes, level_start_index, state, [(h, w) for h, w in shapes])
+
+
+def noted_level_pairs(spatial_shapes: torch.Tensor) -> Optional[List[Tuple[int, int]]]:
+    """The (H, W) pairs :func:`note_level_layout` was told ``spatial_shapes`` holds, while it
+    is unmodified since; None otherwise. Lets model code that iterates over the level sizes
+    (reference points, proposals) take them from the host instead of reading the tensor."""
+    entry = _checked_layouts.get(spatial_shapes)
+    if entry is None or entry[2] is None or entry[1][0] != spatial_shapes._version:
+        return None
+    return list(entry[2])
