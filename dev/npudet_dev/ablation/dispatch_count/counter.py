@@ -57,6 +57,7 @@ SOURCE_RULES: Tuple[Tuple[str, str], ...] = (
     ("/mx_driving/", "layers"),  # DrivingSDK's wrapper, called by npudet's npu_vendor route
     ("/mmcv/ops/multi_scale_deform_attn.py", "layers"),
     ("/mmdet/models/task_modules/", "matcher"),
+    ("/npudet/models/heads/", "matcher"),  # the batched matching's prefetch
     ("/mmdet/models/losses/", "losses"),
     ("/mmdet/models/backbones/", "backbone_neck"),
     ("/mmdet/models/necks/", "backbone_neck"),
