@@ -17,6 +17,10 @@ from npudet_dev.ablation.dispatch_count.child import vendor_doubles
 from npudet_dev.ablation.dispatch_count.counter import DispatchCounter
 
 PAIRS = [(6, 4), (3, 2)]  # (H, W) per level: 30 keys
+# a small npudet MSDA layer on the vendor route
+LAYER = dict(
+    embed_dims=32, num_heads=4, num_levels=2, num_points=2, batch_first=True, impl="npu_vendor"
+)
 
 
 def _training_step(counter: DispatchCounter, note: bool) -> Callable[[], None]:
@@ -25,14 +29,7 @@ def _training_step(counter: DispatchCounter, note: bool) -> Callable[[], None]:
     from npudet.models.layers import MultiScaleDeformableAttention
 
     torch.manual_seed(0)
-    layer = MultiScaleDeformableAttention(
-        embed_dims=32,
-        num_heads=4,
-        num_levels=2,
-        num_points=2,
-        batch_first=True,
-        impl="npu_vendor",
-    ).to("npu")
+    layer = MultiScaleDeformableAttention(**LAYER).to("npu")
     layer.train()
     query = torch.randn(1, 5, 32, device="npu", requires_grad=True)
     value = torch.randn(1, 30, 32, device="npu", requires_grad=True)

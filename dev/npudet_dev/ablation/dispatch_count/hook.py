@@ -28,10 +28,13 @@ class DispatchCountHook(Hook):
         self.opaque = opaque
         self.iterations: List[Dict[str, Any]] = []
         self._seen = 0
+        self._originals: List[tuple] = []
 
     def before_train(self, runner: Any) -> None:
         for module, function, name in self.opaque:
-            setattr(module, function, self.counter.opaque(getattr(module, function), name))
+            original = getattr(module, function)
+            self._originals.append((module, function, original))
+            setattr(module, function, self.counter.opaque(original, name))
         loop = runner.train_loop
         run_iter = loop.run_iter
 
@@ -45,3 +48,8 @@ class DispatchCountHook(Hook):
             return result
 
         loop.run_iter = counted
+
+    def after_train(self, runner: Any) -> None:
+        for module, function, original in self._originals:
+            setattr(module, function, original)
+        self._originals.clear()

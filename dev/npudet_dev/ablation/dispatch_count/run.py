@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 from npudet.ablation.ablate import run_variant
-from npudet.utils.json_io import write_json_atomic
 
 from ..iteration_bench import bench_iteration
+from ..iteration_report import write_json_and_table
 from .counter import SOURCES
 from .report import markdown
 
@@ -59,32 +59,27 @@ def per_iteration(counts: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 def count_dispatch(
     config: str,
     impls: List[str],
-    iters: int,
     warmup: int,
-    work_dir: str,
-    size: Optional[Tuple[int, int]] = None,
-    seed: int = 0,
-    threads: int = 2,
     command: str = "",
     run_variant_fn: Callable[..., Dict[str, Any]] = run_variant,
+    **options: Any,
 ) -> Dict[str, Any]:
     """Train ``config`` as each of ``impls`` (``stock``: mmdet + mmcv; else an npudet MSDA
-    implementation, ``auto`` being npudet's default path) on the simulated NPU for ``iters``
-    iterations and count those after ``warmup``; returns the result (module docstring).
-    ``command``: the command that regenerates it, stored. ``run_variant_fn``: what runs a
-    child (tests run it in process)."""
+    implementation, ``auto`` being npudet's default path) on the simulated NPU and count the
+    iterations after ``warmup``; ``options``: :func:`..iteration_bench.bench_iteration`'s
+    (``iters``, ``work_dir``, ``size``, ``seed``, ``threads``). Returns the result (module
+    docstring). ``command``: the command that regenerates it, stored. ``run_variant_fn``: what
+    runs a child (tests run it in process)."""
 
     def run_child(spec: Dict[str, Any], run_threads: int, module: str = CHILD) -> Dict[str, Any]:
         return run_variant_fn({**spec, "count_warmup": warmup}, run_threads, module=CHILD)
 
     with simulated_npu_children():
-        bench = bench_iteration(
-            config, impls, iters, warmup, work_dir, size, seed, threads, run_variant_fn=run_child
-        )
+        bench = bench_iteration(config, impls, warmup=warmup, run_variant_fn=run_child, **options)
     runs = {}
     for impl, run in bench["runs"].items():
         if not run.get("dispatch"):
-            raise ValueError(f"{impl}: no counted iteration (--iters {iters}, --warmup {warmup})")
+            raise ValueError(f"{impl}: no counted iteration (--warmup {warmup})")
         runs[impl] = {
             "per_iteration": per_iteration(run["dispatch"]),
             "iterations": run["dispatch"],
@@ -103,9 +98,4 @@ def count_dispatch(
 
 def write_outputs(result: Dict[str, Any], json_path: str) -> str:
     """Write ``result`` to ``json_path`` and its table to the ``.md`` beside; returns the table."""
-    table = markdown(result)
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    write_json_atomic(json_path, result)
-    with open(os.path.splitext(json_path)[0] + ".md", "w") as f:
-        f.write(table)
-    return table
+    return write_json_and_table(result, json_path, markdown(result))
