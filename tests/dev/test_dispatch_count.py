@@ -119,6 +119,7 @@ def test_table_has_the_issue_columns():
         runs[impl] = {
             "per_iteration": per_iteration([_count(ops, 3), _count(ops, 3)]),
             "device": "Simulated Ascend NPU",
+            "loss": [2.5, 2.25],
             "ops_vs_reference": ops / 100,
         }
     result = dict(
@@ -128,6 +129,7 @@ def test_table_has_the_issue_columns():
     )  # fmt: skip
     text = markdown(result)
     assert "never times" in text and "python dev/tools/count_dispatch.py" in text
+    assert "- `auto`: 2.500000 2.250000" in text
     rows = {r["impl"]: r for r in markdown_rows(text)}
     assert rows["`auto`"]["ops per iteration"].startswith("50 (1 views), 0.50x stock")
     assert rows["`stock`"]["host syncs per iteration"] == "3"
@@ -145,5 +147,7 @@ def test_tool_counts_the_small_detr_on_npu(tmp_path):
     assert run["device"].startswith("Simulated Ascend NPU")
     counts = run["per_iteration"]
     assert counts["ops"] > 1000 and counts["by_source"]["layers"]["syncs"] == 0
+    # the level sizes noted by the detector: no read of the level tensor in the transformer
+    assert counts["by_source"]["transformer_heads"]["syncs"] == 0
     assert counts["by_source"]["matcher"]["syncs"] > 0  # the cost matrices' copies
     assert (tmp_path / "dispatch.md").read_text().count("| `auto` |") == 1

@@ -54,7 +54,8 @@ def markdown(result: Dict[str, Any]) -> str:
         "`bincount`, `repeat_interleave`; `bool_index`: indexing with a boolean mask). "
         "Each is attributed to the innermost frame of interest on the Python stack at "
         "dispatch time; backward ops to the forward op whose node runs them "
-        "(npudet_dev.ablation.dispatch_count.counter).",
+        "(npudet_dev.ablation.dispatch_count.counter). The benchmark's own hooks (its loss "
+        "recorder's reads) are left out.",
         "",
     ]
     split = [f"{SOURCE_NAMES[s]}: ops / syncs" for s in SOURCES]
@@ -70,6 +71,13 @@ def markdown(result: Dict[str, Any]) -> str:
             b = p["by_source"][s]
             cells.append(f"{_n(b['ops'])} / {_n(b['syncs'])}")
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Total loss per iteration (warm-up included; the same model, batch and seed):",
+        "",
+    ]
+    for impl, run in runs.items():
+        lines.append(f"- `{impl}`: " + " ".join(f"{loss:.6f}" for loss in run["loss"]))
     lines += ["", "Host syncs by kind, per iteration:", ""]
     for impl, run in runs.items():
         kinds = ", ".join(f"{k} {_n(v)}" for k, v in run["per_iteration"]["sync_kinds"].items())
