@@ -29,8 +29,7 @@ import yaml
 TABLE = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 SECTIONS = ("supported", "symint", "quant", "autograd")
 OUT = (
-    Path(__file__).resolve().parents[2]
-    / "ops/npu_sim/python/torch_npu/_simulation/npu_kernels.txt"
+    Path(__file__).resolve().parents[2] / "ops/npu_sim/python/torch_npu/_simulation/npu_kernels.txt"
 )
 PROVENANCE = re.compile(r"^# torch_npu (\S+) \((\S+\.whl)\): " + re.escape(TABLE) + r", sections ")
 

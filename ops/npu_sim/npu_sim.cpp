@@ -15,6 +15,9 @@
 //   resize_, set_, record_stream, native_dropout; every other aten op goes through
 //   at::native::cpu_fallback (inputs copied to CPU, the CPU kernel run, results and mutated
 //   arguments copied back), with the device's generator lent to the CPU kernels that draw;
+//   an op that torch_npu has no NPU kernel for (the list the Python stand-in passes in) is
+//   counted and warned about with torch_npu's own CAUTION text, once per op, as its
+//   npu_cpu_fallback does: on a real NPU that op round-trips through the host;
 // - torch_npu's fork rule: a forked child that touches the device raises at once;
 // - autocast for the device with CUDA's op lists (torch_npu keeps the same lists).
 // Operators under npu_sim:: expose the counters and the current device to the Python stand-in;
@@ -51,7 +54,9 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -467,8 +472,48 @@ bool is_generator_argument(const c10::Argument& argument) {
 // generator's state, which is written back after it; two at once would draw the same numbers.
 std::mutex random_mutex;
 
+// torch_npu's CPU fallbacks. The stand-in passes the aten ops torch_npu registers NPU kernels
+// for (npu_kernels.txt); an op reaching the fallback outside that list would reach torch_npu's
+// npu_cpu_fallback on a real NPU. Each op's answer is cached by its schema's address, so the
+// cost per op is one pointer lookup.
+struct FallbackEntry {
+  bool npu_kernel;
+  std::string name;  // aten::name.overload, as torch_npu's warning prints it
+  int64_t count = 0;
+  bool warned = false;
+};
+std::mutex fallback_mutex;
+std::unordered_set<std::string> npu_kernels;  // empty: no list given, nothing reported
+std::unordered_map<const c10::FunctionSchema*, FallbackEntry> fallback_entries;
+
+void note_cpu_fallback(const c10::OperatorHandle& op) {
+  std::string warn;
+  {
+    std::lock_guard<std::mutex> lock(fallback_mutex);
+    if (npu_kernels.empty()) return;
+    auto found = fallback_entries.find(&op.schema());
+    if (found == fallback_entries.end()) {
+      auto name = c10::toString(op.operator_name());
+      const bool npu_kernel = npu_kernels.count(name) > 0;
+      found = fallback_entries.emplace(&op.schema(), FallbackEntry{npu_kernel, std::move(name)})
+                  .first;
+    }
+    auto& entry = found->second;
+    if (entry.npu_kernel) return;
+    ++entry.count;
+    if (entry.warned) return;
+    entry.warned = true;  // once per op and process, as torch_npu's has_op_name_warned
+    warn = entry.name;
+  }
+  // torch_npu's TORCH_NPU_WARN: a c10 UserWarning (a Python UserWarning where Python called).
+  TORCH_WARN("CAUTION: The operator '", warn, "' is not currently supported ",
+             "on the NPU backend and will fall back to run on the CPU.",
+             " This may have performance implications.");
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_not_forked();
+  note_cpu_fallback(op);
   const auto& arguments = op.schema().arguments();
   const size_t first = stack->size() - arguments.size();
   std::vector<std::pair<at::Generator, at::Generator>> lent;  // (device's, host copy)
@@ -532,6 +577,30 @@ void reset_peak_memory_stats(int64_t device) {
   counters[device].peak = counters[device].allocated;
 }
 
+void set_npu_kernels(std::vector<std::string> names) {
+  std::lock_guard<std::mutex> lock(fallback_mutex);
+  npu_kernels = std::unordered_set<std::string>(names.begin(), names.end());
+  fallback_entries.clear();
+}
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>> cpu_fallbacks() {
+  std::lock_guard<std::mutex> lock(fallback_mutex);
+  std::vector<std::string> names;
+  std::vector<int64_t> counts;
+  for (const auto& [schema, entry] : fallback_entries) {
+    if (entry.count == 0) continue;
+    names.push_back(entry.name);
+    counts.push_back(entry.count);
+  }
+  return {names, counts};
+}
+
+// The counts only: the warnings stay once per process, as torch_npu's.
+void reset_cpu_fallbacks() {
+  std::lock_guard<std::mutex> lock(fallback_mutex);
+  for (auto& [schema, entry] : fallback_entries) entry.count = 0;
+}
+
 int64_t device_count() { return configured_device_count(); }
 bool is_in_bad_fork() { return in_bad_fork.load(); }
 at::Generator get_default_generator(int64_t device) {
@@ -553,6 +622,9 @@ TORCH_LIBRARY(npu_sim, m) {
   m.def("default_generator(int device) -> Generator?", &get_default_generator);
   m.def("current_device() -> int", &get_current_device);
   m.def("set_device(int device) -> ()", &set_current_device);
+  m.def("set_npu_kernels(str[] names) -> ()", &set_npu_kernels);
+  m.def("cpu_fallbacks() -> (str[], int[])", &cpu_fallbacks);
+  m.def("reset_cpu_fallbacks() -> ()", &reset_cpu_fallbacks);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
