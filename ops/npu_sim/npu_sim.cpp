@@ -52,7 +52,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -577,10 +579,64 @@ void reset_peak_memory_stats(int64_t device) {
   counters[device].peak = counters[device].allocated;
 }
 
+// A structured op's functional and in-place forms (add.Tensor, add_.Tensor) reach a backend
+// without its own kernel through a composite kernel that calls the out= form (add.out). Where
+// torch_npu has a kernel for the form called, so does the device, running it through the CPU
+// fallback as a whole: the op seen and counted is the one a real NPU runs.
+std::unique_ptr<torch::Library> npu_kernel_library;
+
+// The fallback puts results on its first tensor argument's device, which for these ops may
+// be a CPU scalar (mul(cpu_scalar_tensor, npu_tensor)); torch_npu's kernels, as the composite
+// kernel did, put them on the npu input's device.
+void structured_npu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t first = stack->size() - op.schema().arguments().size();
+  std::optional<c10::Device> device;
+  for (size_t i = first; i < stack->size() && !device; ++i) {
+    const auto& value = (*stack)[i];
+    if (value.isTensor() && value.toTensor().defined() &&
+        value.toTensor().device().type() == kNpu) {
+      device = value.toTensor().device();
+    }
+  }
+  fallback(op, stack);
+  if (!device) return;
+  const size_t returns = op.schema().returns().size();
+  for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
+    auto& value = (*stack)[i];
+    if (value.isTensor() && value.toTensor().defined() && value.toTensor().is_cpu()) {
+      value = c10::IValue(value.toTensor().to(*device));
+    }
+  }
+}
+
+void register_structured_npu_kernels(const std::vector<std::string>& names) {
+  npu_kernel_library.reset();  // unregisters an earlier list's kernels
+  npu_kernel_library = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  const std::string prefix = "aten::";
+  for (const auto& name : names) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto dot = name.find('.');
+    const auto base = name.substr(0, dot);
+    const auto overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+    const auto op = c10::Dispatcher::singleton().findOp({base, overload});
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      continue;
+    }
+    npu_kernel_library->impl(name.substr(prefix.size()).c_str(),
+                             torch::CppFunction::makeFromBoxedFunction<&structured_npu_kernel>());
+  }
+}
+
 void set_npu_kernels(std::vector<std::string> names) {
-  std::lock_guard<std::mutex> lock(fallback_mutex);
-  npu_kernels = std::unordered_set<std::string>(names.begin(), names.end());
-  fallback_entries.clear();
+  {
+    std::lock_guard<std::mutex> lock(fallback_mutex);
+    npu_kernels = std::unordered_set<std::string>(names.begin(), names.end());
+    fallback_entries.clear();
+  }
+  register_structured_npu_kernels(names);
 }
 
 std::tuple<std::vector<std::string>, std::vector<int64_t>> cpu_fallbacks() {
