@@ -4,7 +4,7 @@
 renames PyTorch's PrivateUse1 backend ``npu``, registers ``device_module`` (the stand-in's
 ``npu`` package) as ``torch.npu``, generates the ``Tensor.npu()`` / ``Module.npu()`` / storage
 methods and registers the ``hccl`` stand-in (``hccl.py``), as torch_npu does at import, and
-passes the device the ops torch_npu has NPU kernels for (``fallbacks.py``: the others warn and
+passes the device the ops torch_npu has NPU kernels for (``cpu_fallback.py``: the others warn and
 are counted, as torch_npu's CPU fallback warns; ``fallbacks()`` reads the counts). The
 stand-in's ``__init__`` calls it and passes the device module in: this package imports torch
 and the standard library only, so the stand-in's imports run one way.
@@ -22,7 +22,8 @@ import torch
 
 from . import hccl
 from .build import library_path
-from .fallbacks import fallbacks, register as _register_npu_kernels, reset_fallbacks
+from .cpu_fallback import fallbacks, reset_fallbacks
+from .cpu_fallback import register as _register_npu_kernels
 
 __all__ = ["fallbacks", "load", "reset_fallbacks"]
 
