@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 CAUTION = (
@@ -51,3 +52,29 @@ def test_an_op_with_an_npu_kernel_is_not_reported(simulated_npu):
     assert y.device.type == "npu" and x.grad.device.type == "npu"
     assert not _cautions(caught)
     assert not _simulation.fallbacks()
+
+
+# One training step of the small Deformable DETR per MSDA implementation: the ops a real NPU
+# would run through torch_npu's CPU fallback (ops/npu_sim/README.md lists them).
+STEP_FALLBACKS = {
+    "npu_vendor": {},
+    "grid_sample": {},
+    "gather": {"aten::_embedding_bag_backward": 6},
+    "gather_det": {},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", sorted(STEP_FALLBACKS))
+def test_cpu_fallbacks_of_a_training_step(simulated_npu, impl):
+    from mmengine.optim import build_optim_wrapper
+    from plugin_util import build_model, fake_batch, loss_and_grads, small_cfg
+    from torch_npu import _simulation
+
+    cfg = small_cfg(impl=impl)
+    model = build_model(cfg).npu()
+    optimizer = build_optim_wrapper(model, cfg.optim_wrapper)
+    _simulation.reset_fallbacks()
+    loss_and_grads(model, fake_batch())
+    optimizer.step()
+    assert dict(_simulation.fallbacks()) == STEP_FALLBACKS[impl]
