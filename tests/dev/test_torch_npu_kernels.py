@@ -3,9 +3,10 @@ the simulated NPU ships was written by it (its provenance line has the tool's fo
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -16,13 +17,8 @@ pytestmark = pytest.mark.dev
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "torch_npu_kernels", ROOT / "dev/tools/torch_npu_kernels.py"
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+def _tool() -> SimpleNamespace:
+    return SimpleNamespace(**runpy.run_path(str(ROOT / "dev/tools/torch_npu_kernels.py")))
 
 
 def test_the_shipped_list_has_the_tools_provenance_line():
