@@ -476,8 +476,8 @@ std::mutex random_mutex;
 
 // torch_npu's CPU fallbacks. The stand-in passes the aten ops torch_npu registers NPU kernels
 // for (npu_kernels.txt); an op reaching the fallback outside that list would reach torch_npu's
-// npu_cpu_fallback on a real NPU. Each op's answer is cached by its schema's address, so the
-// cost per op is one pointer lookup.
+// npu_cpu_fallback on a real NPU. Each op's answer is cached by its name, so the cost per op
+// is one hash lookup.
 struct FallbackEntry {
   bool npu_kernel;
   std::string name;  // aten::name.overload, as torch_npu's warning prints it
@@ -486,19 +486,19 @@ struct FallbackEntry {
 };
 std::mutex fallback_mutex;
 std::unordered_set<std::string> npu_kernels;  // empty: no list given, nothing reported
-std::unordered_map<const c10::FunctionSchema*, FallbackEntry> fallback_entries;
+std::unordered_map<c10::OperatorName, FallbackEntry> fallback_entries;
 
 void note_cpu_fallback(const c10::OperatorHandle& op) {
   std::string warn;
   {
     std::lock_guard<std::mutex> lock(fallback_mutex);
     if (npu_kernels.empty()) return;
-    auto found = fallback_entries.find(&op.schema());
+    auto found = fallback_entries.find(op.operator_name());
     if (found == fallback_entries.end()) {
       auto name = c10::toString(op.operator_name());
       const bool npu_kernel = npu_kernels.count(name) > 0;
-      found = fallback_entries.emplace(&op.schema(), FallbackEntry{npu_kernel, std::move(name)})
-                  .first;
+      FallbackEntry entry{npu_kernel, std::move(name)};
+      found = fallback_entries.emplace(op.operator_name(), std::move(entry)).first;
     }
     auto& entry = found->second;
     if (entry.npu_kernel) return;
@@ -643,7 +643,7 @@ std::tuple<std::vector<std::string>, std::vector<int64_t>> cpu_fallbacks() {
   std::lock_guard<std::mutex> lock(fallback_mutex);
   std::vector<std::string> names;
   std::vector<int64_t> counts;
-  for (const auto& [schema, entry] : fallback_entries) {
+  for (const auto& [op_name, entry] : fallback_entries) {
     if (entry.count == 0) continue;
     names.push_back(entry.name);
     counts.push_back(entry.count);
@@ -654,7 +654,7 @@ std::tuple<std::vector<std::string>, std::vector<int64_t>> cpu_fallbacks() {
 // The counts only: the warnings stay once per process, as torch_npu's.
 void reset_cpu_fallbacks() {
   std::lock_guard<std::mutex> lock(fallback_mutex);
-  for (auto& [schema, entry] : fallback_entries) entry.count = 0;
+  for (auto& [op_name, entry] : fallback_entries) entry.count = 0;
 }
 
 int64_t device_count() { return configured_device_count(); }
