@@ -587,7 +587,9 @@ std::unique_ptr<torch::Library> npu_kernel_library;
 
 // The fallback puts results on its first tensor argument's device, which for these ops may
 // be a CPU scalar (mul(cpu_scalar_tensor, npu_tensor)); torch_npu's kernels, as the composite
-// kernel did, put them on the npu input's device.
+// kernel did, put them on the npu input's device. And the fallback runs anything on the CPU:
+// a tensor argument on another device, other than a CPU scalar, is refused as the composite
+// kernel's TensorIterator refused it (index lists, Tensor?[], may stay on the CPU).
 void structured_npu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t first = stack->size() - op.schema().arguments().size();
   std::optional<c10::Device> device;
@@ -597,6 +599,14 @@ void structured_npu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* sta
         value.toTensor().device().type() == kNpu) {
       device = value.toTensor().device();
     }
+  }
+  for (size_t i = first; device && i < stack->size(); ++i) {
+    const auto& value = (*stack)[i];
+    if (!value.isTensor() || !value.toTensor().defined()) continue;
+    const auto& tensor = value.toTensor();
+    TORCH_CHECK(tensor.device() == *device || (tensor.is_cpu() && tensor.dim() == 0),
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                *device, " and ", tensor.device(), "!");
   }
   fallback(op, stack);
   if (!device) return;

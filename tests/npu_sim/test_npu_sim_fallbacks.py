@@ -54,6 +54,18 @@ def test_an_op_with_an_npu_kernel_is_not_reported(simulated_npu):
     assert not _simulation.fallbacks()
 
 
+def test_an_op_with_an_npu_kernel_still_refuses_tensors_of_another_device(simulated_npu):
+    """add.Tensor runs through the CPU fallback as a whole, which would take any device: it
+    refuses what the composite kernel (TensorIterator) refused, and takes CPU scalars and CPU
+    index lists."""
+    x = torch.ones(3, 2, device="npu")
+    for other in (torch.ones(2), torch.ones(2, device="npu:1")):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            x + other
+    assert (torch.tensor(2.0) * x).device.type == "npu"
+    assert x[:, [1, 0]].device.type == "npu"
+
+
 # One training step of the small Deformable DETR per MSDA implementation: the ops a real NPU
 # would run through torch_npu's CPU fallback (ops/npu_sim/README.md lists them).
 STEP_FALLBACKS = {
