@@ -15,6 +15,9 @@
 //   resize_, set_, record_stream, native_dropout; every other aten op goes through
 //   at::native::cpu_fallback (inputs copied to CPU, the CPU kernel run, results and mutated
 //   arguments copied back), with the device's generator lent to the CPU kernels that draw;
+//   an op that torch_npu has no NPU kernel for (the list the Python stand-in passes in) is
+//   counted and warned about with torch_npu's own CAUTION text, once per op, as its
+//   npu_cpu_fallback does: on a real NPU that op round-trips through the host;
 // - torch_npu's fork rule: a forked child that touches the device raises at once;
 // - autocast for the device with CUDA's op lists (torch_npu keeps the same lists).
 // Operators under npu_sim:: expose the counters and the current device to the Python stand-in;
@@ -49,9 +52,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -467,8 +474,48 @@ bool is_generator_argument(const c10::Argument& argument) {
 // generator's state, which is written back after it; two at once would draw the same numbers.
 std::mutex random_mutex;
 
+// torch_npu's CPU fallbacks. The stand-in passes the aten ops torch_npu registers NPU kernels
+// for (npu_kernels.txt); an op reaching the fallback outside that list would reach torch_npu's
+// npu_cpu_fallback on a real NPU. Each op's answer is cached by its name, so the cost per op
+// is one hash lookup.
+struct FallbackEntry {
+  bool npu_kernel;
+  std::string name;  // aten::name.overload, as torch_npu's warning prints it
+  int64_t count = 0;
+  bool warned = false;
+};
+std::mutex fallback_mutex;
+std::unordered_set<std::string> npu_kernels;  // empty: no list given, nothing reported
+std::unordered_map<c10::OperatorName, FallbackEntry> fallback_entries;
+
+void note_cpu_fallback(const c10::OperatorHandle& op) {
+  std::string warn;
+  {
+    std::lock_guard<std::mutex> lock(fallback_mutex);
+    if (npu_kernels.empty()) return;
+    auto found = fallback_entries.find(op.operator_name());
+    if (found == fallback_entries.end()) {
+      auto name = c10::toString(op.operator_name());
+      const bool npu_kernel = npu_kernels.count(name) > 0;
+      FallbackEntry entry{npu_kernel, std::move(name)};
+      found = fallback_entries.emplace(op.operator_name(), std::move(entry)).first;
+    }
+    auto& entry = found->second;
+    if (entry.npu_kernel) return;
+    ++entry.count;
+    if (entry.warned) return;
+    entry.warned = true;  // once per op and process, as torch_npu's has_op_name_warned
+    warn = entry.name;
+  }
+  // torch_npu's TORCH_NPU_WARN: a c10 UserWarning (a Python UserWarning where Python called).
+  TORCH_WARN("CAUTION: The operator '", warn, "' is not currently supported ",
+             "on the NPU backend and will fall back to run on the CPU.",
+             " This may have performance implications.");
+}
+
 void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_not_forked();
+  note_cpu_fallback(op);
   const auto& arguments = op.schema().arguments();
   const size_t first = stack->size() - arguments.size();
   std::vector<std::pair<at::Generator, at::Generator>> lent;  // (device's, host copy)
@@ -532,6 +579,94 @@ void reset_peak_memory_stats(int64_t device) {
   counters[device].peak = counters[device].allocated;
 }
 
+// A structured op's functional and in-place forms (add.Tensor, add_.Tensor) reach a backend
+// without its own kernel through a composite kernel that calls the out= form (add.out). Where
+// torch_npu has a kernel for the form called, so does the device, running it through the CPU
+// fallback as a whole: the op seen and counted is the one a real NPU runs.
+std::unique_ptr<torch::Library> npu_kernel_library;
+
+// The fallback puts results on its first tensor argument's device, which for these ops may
+// be a CPU scalar (mul(cpu_scalar_tensor, npu_tensor)); torch_npu's kernels, as the composite
+// kernel did, put them on the npu input's device. And the fallback runs anything on the CPU:
+// a tensor argument on another device, other than a CPU scalar, is refused as the composite
+// kernel's TensorIterator refused it (index lists, Tensor?[], may stay on the CPU).
+void structured_npu_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t first = stack->size() - op.schema().arguments().size();
+  std::optional<c10::Device> device;
+  for (size_t i = first; i < stack->size() && !device; ++i) {
+    const auto& value = (*stack)[i];
+    if (value.isTensor() && value.toTensor().defined() &&
+        value.toTensor().device().type() == kNpu) {
+      device = value.toTensor().device();
+    }
+  }
+  for (size_t i = first; device && i < stack->size(); ++i) {
+    const auto& value = (*stack)[i];
+    if (!value.isTensor() || !value.toTensor().defined()) continue;
+    const auto& tensor = value.toTensor();
+    TORCH_CHECK(tensor.device() == *device || (tensor.is_cpu() && tensor.dim() == 0),
+                "Expected all tensors to be on the same device, but found at least two devices, ",
+                *device, " and ", tensor.device(), "!");
+  }
+  fallback(op, stack);
+  if (!device) return;
+  const size_t returns = op.schema().returns().size();
+  for (size_t i = stack->size() - returns; i < stack->size(); ++i) {
+    auto& value = (*stack)[i];
+    if (value.isTensor() && value.toTensor().defined() && value.toTensor().is_cpu()) {
+      value = c10::IValue(value.toTensor().to(*device));
+    }
+  }
+}
+
+void register_structured_npu_kernels(const std::vector<std::string>& names) {
+  npu_kernel_library.reset();  // unregisters an earlier list's kernels
+  npu_kernel_library = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  const std::string prefix = "aten::";
+  for (const auto& name : names) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto dot = name.find('.');
+    const auto base = name.substr(0, dot);
+    const auto overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+    const auto op = c10::Dispatcher::singleton().findOp({base, overload});
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      continue;
+    }
+    npu_kernel_library->impl(name.substr(prefix.size()).c_str(),
+                             torch::CppFunction::makeFromBoxedFunction<&structured_npu_kernel>());
+  }
+}
+
+void set_npu_kernels(std::vector<std::string> names) {
+  {
+    std::lock_guard<std::mutex> lock(fallback_mutex);
+    npu_kernels = std::unordered_set<std::string>(names.begin(), names.end());
+    fallback_entries.clear();
+  }
+  register_structured_npu_kernels(names);
+}
+
+std::tuple<std::vector<std::string>, std::vector<int64_t>> cpu_fallbacks() {
+  std::lock_guard<std::mutex> lock(fallback_mutex);
+  std::vector<std::string> names;
+  std::vector<int64_t> counts;
+  for (const auto& [op_name, entry] : fallback_entries) {
+    if (entry.count == 0) continue;
+    names.push_back(entry.name);
+    counts.push_back(entry.count);
+  }
+  return {names, counts};
+}
+
+// The counts only: the warnings stay once per process, as torch_npu's.
+void reset_cpu_fallbacks() {
+  std::lock_guard<std::mutex> lock(fallback_mutex);
+  for (auto& [op_name, entry] : fallback_entries) entry.count = 0;
+}
+
 int64_t device_count() { return configured_device_count(); }
 bool is_in_bad_fork() { return in_bad_fork.load(); }
 at::Generator get_default_generator(int64_t device) {
@@ -553,6 +688,9 @@ TORCH_LIBRARY(npu_sim, m) {
   m.def("default_generator(int device) -> Generator?", &get_default_generator);
   m.def("current_device() -> int", &get_current_device);
   m.def("set_device(int device) -> ()", &set_current_device);
+  m.def("set_npu_kernels(str[] names) -> ()", &set_npu_kernels);
+  m.def("cpu_fallbacks() -> (str[], int[])", &cpu_fallbacks);
+  m.def("reset_cpu_fallbacks() -> ()", &reset_cpu_fallbacks);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

@@ -3,7 +3,9 @@
 ``load(device_module)`` builds (once, cached: ``build.py``) and loads ``ops/npu_sim/npu_sim.cpp``,
 renames PyTorch's PrivateUse1 backend ``npu``, registers ``device_module`` (the stand-in's
 ``npu`` package) as ``torch.npu``, generates the ``Tensor.npu()`` / ``Module.npu()`` / storage
-methods and registers the ``hccl`` stand-in (``hccl.py``), as torch_npu does at import. The
+methods and registers the ``hccl`` stand-in (``hccl.py``), as torch_npu does at import, and
+passes the device the ops torch_npu has NPU kernels for (``cpu_fallback.py``: the others warn and
+are counted, as torch_npu's CPU fallback warns; ``fallbacks()`` reads the counts). The
 stand-in's ``__init__`` calls it and passes the device module in: this package imports torch
 and the standard library only, so the stand-in's imports run one way.
 
@@ -20,6 +22,10 @@ import torch
 
 from . import hccl
 from .build import library_path
+from .cpu_fallback import fallbacks, reset_fallbacks
+from .cpu_fallback import register as _register_npu_kernels
+
+__all__ = ["fallbacks", "load", "reset_fallbacks"]
 
 
 def load(device_module: ModuleType) -> None:
@@ -38,6 +44,7 @@ def load(device_module: ModuleType) -> None:
             f"the simulated NPU needs PyTorch's PrivateUse1 backend, already named {name!r}"
         )
     torch.ops.load_library(str(library_path()))
+    _register_npu_kernels()
     if name != "npu":
         torch.utils.rename_privateuse1_backend("npu")
     torch._register_device_module("npu", device_module)
