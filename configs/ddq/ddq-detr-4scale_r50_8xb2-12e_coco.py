@@ -6,6 +6,9 @@ _base_ = [
     '../_base_/npudet_coco.py'
 ]
 model = dict(msda=dict(impl='auto', encoder=None, decoder=None))
+# mmdet's optimizer and param groups, stepped one launch per setting, not per parameter
+# (docs/user-guide/configs.md, 'Merged param groups')
+optim_wrapper = dict(constructor='MergedGroupsOptimWrapperConstructor')
 val_evaluator = dict(type='FastCocoMetric', backend='auto')
 test_evaluator = val_evaluator
 vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]

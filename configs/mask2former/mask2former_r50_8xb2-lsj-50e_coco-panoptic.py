@@ -7,6 +7,9 @@ _base_ = [
     '../_base_/npudet_coco.py'
 ]
 model = dict(msda=dict(impl='auto', encoder=None))
+# mmdet's optimizer and param groups, stepped one launch per setting, not per parameter
+# (docs/user-guide/configs.md, 'Merged param groups')
+optim_wrapper = dict(constructor='MergedGroupsOptimWrapperConstructor')
 vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]
 visualizer = dict(
     type='DetLocalVisualizer', vis_backends=vis_backends, name='visualizer')
