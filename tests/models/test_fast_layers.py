@@ -13,10 +13,12 @@ from mmcv.cnn.bricks.transformer import FFN as MMCVFFN
 from msda_models_util import offsets_off_grid
 from plugin_util import build_model, fake_batch, loss_and_grads, small_cfg
 
+from npudet.engine.msda_log import msda_summary
 from npudet.models.layers import (
     FFN,
     FusedMultiScaleDeformableAttention,
     MultiScaleDeformableAttention,
+    active_pieces,
     convert_layers,
     resolve_layers,
 )
@@ -71,6 +73,10 @@ def test_conversion_changes_classes_only() -> None:
     assert {type(m) for m in stock.modules()} >= {MMCVFFN, MultiScaleDeformableAttention}
     shapes = {k: v.shape for k, v in stock.state_dict().items()}
     assert {k: v.shape for k, v in fast.state_dict().items()} == shapes
+    assert active_pieces(fast) == {"ffn": 6, "dropout": 12, "projections": 6}
+    pieces = "layer pieces (model.msda.layers): "
+    assert msda_summary(fast).endswith(pieces + "ffn (6), dropout (12), projections (6)")
+    assert msda_summary(stock).endswith(pieces + "none (stock)")
     # back to stock and on again, in place
     assert convert_layers(fast, frozenset()) == {"ffn": 0, "msda": 0}
     assert {type(m) for m in fast.modules()} == {type(m) for m in stock.modules()}

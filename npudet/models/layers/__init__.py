@@ -10,7 +10,7 @@ from npudet.nn import DeformableAttention
 from npudet.ops.msda import check_impl_name
 
 from .ffn import FFN
-from .layer_switch import PIECES, convert_layers, resolve_layers
+from .layer_switch import PIECES, active_pieces, convert_layers, resolve_layers
 from .msda import MultiScaleDeformableAttention
 from .msda_fused import FusedMultiScaleDeformableAttention
 from .msda_switch import convert_msda, deformable_layers
@@ -21,6 +21,7 @@ __all__ = [
     "DeformableAttention",
     "FusedMultiScaleDeformableAttention",
     "MultiScaleDeformableAttention",
+    "active_pieces",
     "check_impl_name",
     "convert_layers",
     "convert_msda",

@@ -63,3 +63,17 @@ def convert_layers(module: nn.Module, pieces: FrozenSet[str]) -> Dict[str, int]:
             sub.fused_dropout = "dropout" in pieces
             counts["msda"] += msda_on
     return counts
+
+
+def active_pieces(module: nn.Module) -> Dict[str, int]:
+    """How many FFNs / MSDA layers inside ``module`` run each piece: ``{'ffn': 6, 'dropout':
+    12, 'projections': 6}`` for 6 converted layers with both; zeros for stock layers."""
+    counts = dict.fromkeys(PIECES, 0)
+    for sub in module.modules():
+        if type(sub) is FFN:
+            counts["ffn"] += sub.plain_act
+            counts["dropout"] += sub.fused_dropout
+        elif type(sub) is FusedMultiScaleDeformableAttention:
+            counts["projections"] += sub.fused_projections
+            counts["dropout"] += sub.fused_dropout
+    return counts
