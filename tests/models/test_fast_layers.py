@@ -80,6 +80,7 @@ def test_conversion_changes_classes_only() -> None:
     # back to stock and on again, in place
     assert convert_layers(fast, frozenset()) == {"ffn": 0, "msda": 0}
     assert {type(m) for m in fast.modules()} == {type(m) for m in stock.modules()}
+    assert not any("fused_dropout" in vars(m) for m in fast.modules())
     assert convert_layers(fast, resolve_layers("projections")) == {"ffn": 0, "msda": 6}
 
 

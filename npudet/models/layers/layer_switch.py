@@ -55,14 +55,24 @@ def convert_layers(module: nn.Module, pieces: FrozenSet[str]) -> Dict[str, int]:
         # Exact classes: a subclass of either (a project's own FFN) keeps its own forward.
         if type(sub) in (MMCVFFN, FFN):
             sub.__class__ = FFN if ffn_on else MMCVFFN
-            sub.plain_act, sub.fused_dropout = "ffn" in pieces, "dropout" in pieces
+            _set_flags(sub, ffn_on, plain_act="ffn" in pieces, fused_dropout="dropout" in pieces)
             counts["ffn"] += ffn_on
         elif type(sub) in (MultiScaleDeformableAttention, FusedMultiScaleDeformableAttention):
             sub.__class__ = msda_class
-            sub.fused_projections = "projections" in pieces
-            sub.fused_dropout = "dropout" in pieces
+            flags = dict(fused_projections="projections" in pieces)
+            _set_flags(sub, msda_on, fused_dropout="dropout" in pieces, **flags)
             counts["msda"] += msda_on
     return counts
+
+
+def _set_flags(module: nn.Module, on: bool, **flags: bool) -> None:
+    """Set the piece flags on a converted module; remove them from one back on its stock class
+    (which has none)."""
+    for name, value in flags.items():
+        if on:
+            setattr(module, name, value)
+        else:
+            vars(module).pop(name, None)
 
 
 def active_pieces(module: nn.Module) -> Dict[str, int]:
