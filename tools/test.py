@@ -1,6 +1,7 @@
 """Evaluate a checkpoint (mmdet's tools/test.py, plus npudet's MSDA switch and checks).
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--msda-impl grid_sample]
+        [--msda-layers fast|stock]
         [--out results.pkl] [--show-dir DIR] [--cfg-options k=v ...] [--launcher pytorch]
 
 The 12 COCO box numbers are printed as a table and written to

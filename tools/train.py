@@ -1,6 +1,7 @@
 """Train a detector (mmdet's tools/train.py, plus npudet's MSDA switch and input checks).
 
 python tools/train.py CONFIG [--work-dir DIR] [--msda-impl cpu] [--resume [CKPT]]
+    [--msda-layers fast|stock|ffn+dropout+projections]
     [--amp [--amp-dtype bfloat16|float16]] [--compile [BACKEND]] [--auto-scale-lr]
     [--skip-image-check] [--cfg-options k=v ...]
     [--launcher pytorch]

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 import warnings
-from typing import Any, Callable, List, NoReturn
+from typing import Any, Callable, List, Mapping, NoReturn
 
 from mmengine.config import Config, DictAction
 from mmengine.hooks import CheckpointHook
@@ -33,7 +33,8 @@ TRAINING_HOOKS = ["RunGuardHook", "CheckpointChecksumHook", "NonFiniteLossHook",
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """``--work-dir --cfg-options --launcher --local-rank --msda-impl`` (mmdet's spelling)."""
+    """``--work-dir --cfg-options --launcher --local-rank --msda-impl --msda-layers``
+    (mmdet's spelling)."""
     parser.add_argument("--work-dir", help="the dir to save logs and models")
     parser.add_argument(
         "--cfg-options",
@@ -52,6 +53,12 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         "--msda-impl",
         help="MSDA implementation for every layer: 'auto' or a name from "
         "npudet.ops.msda_impls() (sets model.msda)",
+    )
+    parser.add_argument(
+        "--msda-layers",
+        help="the transformer layers' training-grade pieces: 'fast' (all, the default), "
+        "'stock' (mmcv's layers as they are) or pieces joined by '+' from ffn, dropout, "
+        "projections (sets model.msda.layers)",
     )
     parser.add_argument(
         "--skip-image-check",
@@ -77,7 +84,8 @@ def fail(message: str) -> NoReturn:
 
 
 def load_config(args: argparse.Namespace, default_work_root: str = "./work_dirs") -> Config:
-    """Read the config, apply ``--cfg-options`` / ``--msda-impl`` / ``--work-dir``."""
+    """Read the config, apply ``--cfg-options`` / ``--msda-impl`` / ``--msda-layers`` /
+    ``--work-dir``."""
     if "LOCAL_RANK" not in os.environ:
         os.environ["LOCAL_RANK"] = str(args.local_rank)
     if not os.path.isfile(args.config):
@@ -91,8 +99,15 @@ def load_config(args: argparse.Namespace, default_work_root: str = "./work_dirs"
             apply_cfg_options(cfg, args.cfg_options)
         except PreflightError as err:
             fail(str(err))
-    if args.msda_impl is not None:
-        cfg.model.msda = dict(impl=args.msda_impl, encoder=None, decoder=None)
+    if args.msda_impl is not None or args.msda_layers is not None:
+        # each flag sets its keys of model.msda and keeps the others (a non-dict value goes)
+        msda = cfg.model.get("msda")
+        msda = dict(msda) if isinstance(msda, Mapping) else {}
+        if args.msda_impl is not None:
+            msda.update(impl=args.msda_impl, encoder=None, decoder=None)
+        if args.msda_layers is not None:
+            msda["layers"] = args.msda_layers
+        cfg.model.msda = msda
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
     elif cfg.get("work_dir") is None:

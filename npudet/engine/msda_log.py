@@ -17,6 +17,7 @@ from mmengine.logging import MMLogger
 from torch import nn
 
 from npudet.models.detectors.msda_config import layer_part
+from npudet.models.layers.layer_switch import active_pieces
 from npudet.models.layers.msda_switch import deformable_layers
 
 OP_LOGGER = "npudet"
@@ -48,8 +49,9 @@ def install() -> MMLoggerHandler:
 
 def msda_summary(model: nn.Module) -> str:
     """``"MSDA implementation per model part: decoder: auto (6 layers), encoder: cpu (6
-    layers)"``: what each part's deformable-attention layers were set to (``auto`` names
-    its own choice in the log at the first call)."""
+    layers); layer pieces (model.msda.layers): ffn (12), dropout (24), projections (12)"``:
+    what each part's deformable-attention layers were set to (``auto`` names its own choice
+    in the log at the first call) and how many modules run each training-grade piece."""
     parts: Dict[str, Counter] = {}
     for name, layer in deformable_layers(model):
         part = layer_part(name) or "other"
@@ -61,4 +63,8 @@ def msda_summary(model: nn.Module) -> str:
         + ", ".join(f"{impl} ({n} layer{'s' if n > 1 else ''})" for impl, n in sorted(c.items()))
         for part, c in sorted(parts.items())
     )
-    return f"MSDA implementation per model part: {listed}"
+    pieces = ", ".join(f"{piece} ({n})" for piece, n in active_pieces(model).items() if n)
+    return (
+        f"MSDA implementation per model part: {listed}; layer pieces (model.msda.layers): "
+        f"{pieces or 'none (stock)'}"
+    )

@@ -8,7 +8,7 @@ attentions (docs/architecture.md, "Names that look alike").
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -80,6 +80,13 @@ class DeformableAttention:
             value = value.masked_fill(key_padding_mask[..., None], 0.0)
         return value.view(*value.shape[:2], self.num_heads, -1)
 
+    def project_sampling(self, query: Tensor) -> Tuple[Tensor, Tensor]:
+        """(bs, nq, Cq) -> (sampling offsets (bs, nq, samples * 2), attention-weight logits
+        (bs, nq, samples)), ``samples`` = heads * groups * levels * points: the two linears.
+        A subclass may compute both at once
+        (``npudet.models.layers.FusedMultiScaleDeformableAttention``)."""
+        return self.sampling_offsets(query), self.attention_weights(query)
+
     def deformable_attend(
         self,
         query: Tensor,
@@ -114,8 +121,9 @@ class DeformableAttention:
             self.num_levels,
             self.num_points,
         )
-        offsets = self.sampling_offsets(query).view(bs, nq, heads, groups, levels, points, 2)
-        weights = self.attention_weights(query).view(bs, nq, heads, groups, levels * points)
+        offsets, weights = self.project_sampling(query)
+        offsets = offsets.view(bs, nq, heads, groups, levels, points, 2)
+        weights = weights.view(bs, nq, heads, groups, levels * points)
         weights = weights.softmax(-1).view(bs, nq, heads, groups, levels, points)
         # (bs, nq, heads, groups, ...) -> (bs * groups, nq, heads, ...)
         offsets = offsets.movedim(3, 1).flatten(0, 1)

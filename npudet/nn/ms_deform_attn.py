@@ -106,4 +106,9 @@ class MSDeformAttn(DeformableAttention, nn.Module):
         output = self.output_proj(output)
         if not self.batch_first:
             output = output.permute(1, 0, 2)
+        return self.residual(output, identity)
+
+    def residual(self, output: Tensor, identity: Tensor) -> Tensor:
+        """mmcv's ``identity + dropout(output)``, both the shape of ``query``; a subclass may
+        fuse the two (``npudet.models.layers.FusedMultiScaleDeformableAttention``)."""
         return self.dropout(output) + identity

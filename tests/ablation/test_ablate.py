@@ -238,6 +238,21 @@ def test_parse_variants_per_layer():
             parse_variants(bad)
 
 
+def test_parse_variants_with_layer_pieces():
+    variants = parse_variants("cpu:stock,cpu:ffn+dropout,cpu/grid_sample:projections,cpu")
+    assert [v.label for v in variants] == [
+        "cpu:stock", "cpu:ffn+dropout", "cpu/grid_sample:projections", "cpu",
+    ]  # fmt: skip
+    assert variants[1].dirname == "cpu-ffn+dropout"
+    assert variants[1].msda_cfg() == dict(impl="cpu", layers="ffn+dropout")
+    assert variants[2].msda_cfg()["layers"] == "projections"
+    assert "layers" not in variants[3].msda_cfg()  # the config's own
+    with pytest.raises(ValueError, match=r"--impls item 'cpu:gelu': expected 'fast'"):
+        parse_variants("cpu:gelu")
+    with pytest.raises(ValueError, match="--impls"):
+        parse_variants("cpu:")
+
+
 def _record(loss, iter_ms, fwd, bwd):
     return dict(loss=loss, iter_ms=iter_ms, msda_fwd_ms=fwd, msda_bwd_ms=bwd, peak_mem_mb=100.0)
 

@@ -167,9 +167,10 @@ def _flatten(event: Ev):
         yield from _flatten(child)
 
 
-def profiled_step(path: str):
-    """One training step of the small config at ``path`` (1 + 1 layers, 64x48) profiled
-    inside the scopes; returns (split, model, optim wrapper, hook counts before marking)."""
+def profiled_step(path: str, layers: str = "stock"):
+    """One training step of the small config at ``path`` (1 + 1 layers, 64x48, ``layers``:
+    ``model.msda.layers``) profiled inside the scopes; returns (split, model, optim wrapper,
+    hook counts before marking)."""
     from mmdet.testing import demo_mm_inputs
     from mmengine.optim import OptimWrapper
     from torch.autograd.profiler import record_function
@@ -177,7 +178,7 @@ def profiled_step(path: str):
 
     from npudet_dev.ablation.op_profile.scopes import mark_scopes
 
-    cfg = small_cfg(path, impl="cpu")
+    cfg = small_cfg(path, impl="cpu", layers=layers)
     cfg.model.encoder.num_layers = cfg.model.decoder.num_layers = 1
     model = build_model(cfg)
     model.train()
@@ -259,6 +260,11 @@ def test_profiled_step_small_detr() -> None:
     assert "LOADED (cpu: load 3.5" in table and "load average 3 before / 3.5 after" in table
     assert all(f"| {c.label} |" in table for c in CATEGORIES)
     assert f"{4 * split['scopes']['msda.layer']:g} `aten::linear` calls" in table
+    # with the fused projections the one GEMM of offsets and weights is the offsets' category
+    fused, *_ = profiled_step(SMALL_DETR, layers="projections")
+    calls = fused["scopes"]["msda.layer"]
+    assert fused["calls"]["msda.offsets_proj"]["aten::linear"] == calls
+    assert "aten::linear" not in fused["calls"]["msda.weights_softmax"]
 
 
 @pytest.mark.slow

@@ -34,6 +34,6 @@ def test_full_size_dino_builds_on_npudet_msda() -> None:
     assert drop_pretrained(cfg) == ["model.backbone.init_cfg"]  # no download
     model = build_model(cfg)
     layers = [m for m in model.modules() if isinstance(m, MMCVMSDA)]
-    assert len(layers) == 12 and all(type(m) is MultiScaleDeformableAttention for m in layers)
+    assert len(layers) == 12 and all(isinstance(m, MultiScaleDeformableAttention) for m in layers)
     assert {m.impl for m in model.decoder.modules() if isinstance(m, MMCVMSDA)} == {"grid_sample"}
     assert model.num_queries == 900

@@ -35,7 +35,9 @@ def test_resolve_defaults_and_overrides() -> None:
 def test_per_part_switch_reaches_every_layer() -> None:
     model = build_model(small_cfg(encoder="grid_sample", decoder="cpu"))
     assert all(
-        type(m) is MultiScaleDeformableAttention for m in model.modules() if isinstance(m, MMCVMSDA)
+        isinstance(m, MultiScaleDeformableAttention)
+        for m in model.modules()
+        if isinstance(m, MMCVMSDA)
     )
     assert _impls(model, "encoder") == {"grid_sample"}
     assert _impls(model, "decoder") == {"cpu"}

@@ -1,13 +1,16 @@
 """Train one config with several MSDA implementations side by side and compare them.
 
-python tools/analysis_tools/ablate.py CONFIG --impls grid_sample,gather,cpu[,ENC/DEC] --iters N
+python tools/analysis_tools/ablate.py CONFIG --impls grid_sample,gather,cpu[,ENC/DEC][,NAME:LAYERS]
+    --iters N
     [--work-dir DIR] [--threads 2] [--rounds 1] [--warmup 2] [--seed 0]
     [--compile [BACKEND]] [--cfg-options k=v ...]
 
 Every variant trains from the same seed and the same initial weights (built once,
 saved as ``init_weights.pth``) for N iterations, each in its own process, with
 validation and checkpoints off and MSDA profiled per iteration. ``ENC/DEC`` picks the
-encoder's and the decoder's implementation separately. Every variant is checked to run on
+encoder's and the decoder's implementation separately; ``:LAYERS`` after an item sets
+``model.msda.layers`` for it (``cpu:stock,cpu:ffn,cpu:dropout,cpu:projections,cpu:fast``
+prices each training-grade piece of the transformer layers). Every variant is checked to run on
 the device before any training. With ``--rounds R`` the variants run R times, interleaved
 round by round (A B A B), and the times pool all rounds. Each run records its load average,
 CPU and wall time; a speed-up taken on a loaded machine is marked ``loaded`` beside its
@@ -40,8 +43,9 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="comma-separated variants, the first is the baseline; NAME for every layer or "
         "ENCODER/DECODER, NAME from msda_impls() or an experiment variant from "
-        "msda_variants() (default: grid_sample,gather and the device's own: cpu on the CPU, "
-        "mmcv,triton on CUDA)",
+        "msda_variants(), each optionally followed by :LAYERS (model.msda.layers: fast, "
+        "stock or pieces such as ffn+dropout) (default: grid_sample,gather and the device's "
+        "own: cpu on the CPU, mmcv,triton on CUDA)",
     )
     parser.add_argument("--iters", type=int, default=20, help="training iterations per run")
     parser.add_argument("--work-dir", help="output dir (default: work_dirs/ablate/CONFIG)")

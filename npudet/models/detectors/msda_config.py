@@ -8,7 +8,7 @@ from torch import nn
 
 from npudet.ops.msda import check_impl_name
 
-from ..layers import deformable_layers
+from ..layers import convert_layers, deformable_layers, resolve_layers
 
 PARTS = ("encoder", "decoder")
 # The ``msda_parts`` of a DETR whose transformer is its own ``encoder`` and ``decoder``.
@@ -19,7 +19,9 @@ def resolve_msda_cfg(msda: Optional[Mapping], key: str = "model.msda") -> Dict[s
     """``dict(impl='auto', encoder=None, decoder=None)`` -> ``{'encoder': .., 'decoder': ..}``.
 
     ``impl`` is the default of every part; ``encoder`` / ``decoder`` override it for
-    that part (ablations). Unknown keys or names raise ``ValueError`` naming the key.
+    that part (ablations); ``layers`` (checked here, applied by :func:`apply_msda_cfg`) picks
+    the transformer layers' pieces (:func:`~npudet.models.layers.resolve_layers`). Unknown
+    keys or names raise ``ValueError`` naming the key.
     """
     return _resolve(msda, key)[1]
 
@@ -34,9 +36,10 @@ def _resolve(msda: Optional[Mapping], key: str) -> Tuple[str, Dict[str, str]]:
             f"{msda!r}; to choose one implementation set {key}.impl={msda} or --msda-impl {msda}"
         )
     msda = dict(msda or {})
-    unknown = sorted(set(msda) - {"impl", *PARTS})
+    unknown = sorted(set(msda) - {"impl", "layers", *PARTS})
     if unknown:
-        raise ValueError(f"{key}: unknown keys {unknown}; expected impl, encoder, decoder")
+        raise ValueError(f"{key}: unknown keys {unknown}; expected impl, encoder, decoder, layers")
+    resolve_layers(msda.get("layers"), f"{key}.layers")
     default = check_impl_name(msda.get("impl", "auto"), f"{key}.impl")
     parts = {
         part: default if msda.get(part) is None else check_impl_name(msda[part], f"{key}.{part}")
@@ -84,15 +87,17 @@ def apply_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, st
 
     A layer under a module named ``encoder`` / ``decoder`` takes that part's
     implementation, any other layer ``impl``; mmcv's own MSDA layers are converted to
-    npudet's in place. A part override for a part with no layer in this model (Mask2Former's
-    MSDA is its pixel decoder's ``encoder``; it has no MSDA ``decoder``) raises ``ValueError``
-    naming the key and the model's parts (:func:`missing_part_error`). Returns the per-part
-    implementations.
+    npudet's in place, then mmcv's FFNs and the MSDA layers take ``layers``' pieces
+    (:func:`~npudet.models.layers.convert_layers`; default all). A part override for a part
+    with no layer in this model (Mask2Former's MSDA is its pixel decoder's ``encoder``; it has
+    no MSDA ``decoder``) raises ``ValueError`` naming the key and the model's parts
+    (:func:`missing_part_error`). Returns the per-part implementations.
     """
     default, impls = _resolve(msda, "model.msda")
     for name, layer in deformable_layers(detector):
         part = layer_part(name)
         layer.impl = default if part is None else impls[part]
+    convert_layers(detector, resolve_layers((msda or {}).get("layers")))
     problem = missing_part_error(type(detector).__name__, msda, msda_parts_of(detector))
     if problem:
         raise ValueError(problem)

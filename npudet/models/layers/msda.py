@@ -31,3 +31,4 @@ class MultiScaleDeformableAttention(DeformableAttention, MMCVMultiScaleDeformabl
     # mmcv's forward on DeformableAttention's sampling, written once for both classes.
     forward = MSDeformAttn.forward  # type: ignore[assignment]
     extra_repr = MSDeformAttn.extra_repr
+    residual = MSDeformAttn.residual

@@ -17,7 +17,10 @@ names the op, so a head branch called from the decoder counts as the head. Kinds
   ``time_split.LOSS_METHODS``);
 - every MSDA layer (``deformable_layers``): ``msda.layer`` (its forward), ``msda.value``
   (``project_value``), ``msda.attend`` (``deformable_attend``), its four projections
-  ``msda.value_proj`` / ``msda.offsets_proj`` / ``msda.weights_proj`` / ``msda.output_proj``,
+  ``msda.value_proj`` / ``msda.offsets_proj`` / ``msda.weights_proj`` / ``msda.output_proj``
+  (``project_sampling`` is ``msda.offsets_proj`` too: with ``model.msda.layers``' piece
+  ``projections`` it runs the offsets' and the weights' projection as one GEMM, outside the
+  two ``Linear`` modules; without it the modules' own scopes, inner, split the two),
   and ``msda.op`` (the op call inside the observers: npudet's op takes its unplanned path while
   an observer is active, as it does under the iteration benchmark's own timer);
 - ``backward``, ``optimizer``: the optimizer wrapper's ``backward`` and ``step`` / ``zero_grad``.
@@ -127,6 +130,7 @@ def mark_scopes(model: nn.Module, optim_wrapper: Any = None) -> Callable[[], Non
         for attr, kind in MSDA_PROJECTIONS.items():
             marker.module(getattr(layer, attr, None), kind)
         marker.method(layer, "project_value", "msda.value")
+        marker.method(layer, "project_sampling", "msda.offsets_proj")
         marker.method(layer, "deformable_attend", "msda.attend")
     backbone = [a for a in BACKBONE_ATTRS if isinstance(getattr(model, a, None), nn.Module)]
     for attr in backbone:

@@ -47,7 +47,7 @@ class Category:
 
 CATEGORIES = (
     Category("msda.value_proj", "value projection (+ padding mask)", "msda"),
-    Category("msda.offsets_proj", "sampling-offset projection", "msda"),
+    Category("msda.offsets_proj", "sampling-offset (+ fused attention-weight) projection", "msda"),
     Category("msda.weights_softmax", "attention-weight projection + softmax", "msda"),
     Category("msda.locations", "sampling locations (+ non-finite guard)", "msda"),
     Category("msda.op", "MSDA op", "msda"),
