@@ -831,8 +831,12 @@ def test_a_data_failure_mid_run_ends_in_one_line(tmp_path, capsys, fail, workers
     save itself); now one line names the cause and the checkpoint (status 2)."""
     work = str(tmp_path)
     runner = toy_runner(work, [{"type": "RunGuardHook"}], max_iters=4)
+    # One batch in flight at most: the worker reaches sample 6 (batch 3) only once batch 2
+    # was taken, so iterations were trained whatever the load (with torch's default of two
+    # per worker, a slowed test process met the killed worker before its first iteration).
+    prefetch = {"prefetch_factor": 1} if workers else {}
     runner._train_dataloader = torch.utils.data.DataLoader(
-        _FailingAt(6, fail), batch_size=2, shuffle=False, num_workers=workers
+        _FailingAt(6, fail), batch_size=2, shuffle=False, num_workers=workers, **prefetch
     )
     with pytest.raises(SystemExit) as exit_info:
         run_guarded(lambda: train_keeping_progress(runner))
