@@ -3,7 +3,9 @@
 Configs import it through ``custom_imports=dict(imports=['npudet.plugin'])``: mmdet's
 ``DeformableDETR``, ``DINO``, ``DDQDETR``, ``GroundingDINO``, ``Mask2Former`` and
 ``Mask2FormerVideo`` names then build npudet's subclasses (``npudet.models.detectors``), which
-accept ``msda=dict(impl=...)``. ``import npudet`` alone stays light (no mmdet import).
+accept ``msda=dict(impl=...)``; ``MSDASwitchHook`` (in mmengine's ``HOOKS``) does the same
+for any other model from ``custom_hooks``. ``import npudet`` alone stays light (no mmdet
+import).
 """
 
 from .detectors import (
@@ -20,6 +22,7 @@ from .detectors import (
     switch_msda,
 )
 from .layers import MultiScaleDeformableAttention, check_impl_name, convert_msda
+from .msda_hook import MSDASwitchHook
 
 __all__ = [
     "DDQDETR",
@@ -28,6 +31,7 @@ __all__ = [
     "DeformableDETR",
     "GroundingDINO",
     "MSDAModel",
+    "MSDASwitchHook",
     "Mask2Former",
     "Mask2FormerVideo",
     "MultiScaleDeformableAttention",

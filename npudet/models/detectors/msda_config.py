@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Dict, Mapping, Optional, Tuple
 
 from torch import nn
@@ -64,23 +65,29 @@ def msda_parts_of(detector: nn.Module) -> Dict[str, str]:
 
 
 def missing_part_error(
-    model: str, msda: Optional[Mapping], parts: Mapping[str, str]
+    model: str, msda: Optional[Mapping], parts: Mapping[str, str], key: str = "model.msda"
 ) -> Optional[str]:
     """The error for a part override in ``msda`` naming a part model class ``model`` lacks
     (``parts``: its :func:`msda_parts_of`), or None. The preflight's too: it reads ``parts``
-    from the class (``msda_parts``) without building the model."""
+    from the class (``msda_parts``) without building the model. ``key``: where ``msda``
+    came from, named in the error."""
     missing = [part for part in PARTS if (msda or {}).get(part) is not None and part not in parts]
     if not missing:
         return None
     listed = ", ".join(f"{part} ({path})" for part, path in sorted(parts.items())) or "none"
     return (
-        f"model.msda.{missing[0]}: {model} has no deformable-attention layer under a module "
+        f"{key}.{missing[0]}: {model} has no deformable-attention layer under a module "
         f"named {missing[0]!r}; its MSDA parts: {listed}"
     )
 
 
-def apply_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, str]:
+def apply_msda_cfg(
+    detector: nn.Module, msda: Optional[Mapping], key: str = "model.msda"
+) -> Dict[str, str]:
     """Set the implementation of every deformable-attention layer of ``detector`` per ``msda``.
+
+    The one conversion: npudet's detectors (``model.msda``) and ``MSDASwitchHook`` (any
+    mmengine model, ``key`` naming the hook's arguments in errors) both call it.
 
     A layer under a module named ``encoder`` / ``decoder`` takes that part's
     implementation, any other layer ``impl``; mmcv's own MSDA layers are converted to
@@ -89,11 +96,29 @@ def apply_msda_cfg(detector: nn.Module, msda: Optional[Mapping]) -> Dict[str, st
     naming the key and the model's parts (:func:`missing_part_error`). Returns the per-part
     implementations.
     """
-    default, impls = _resolve(msda, "model.msda")
+    default, impls = _resolve(msda, key)
+    problem = missing_part_error(type(detector).__name__, msda, msda_parts_of(detector), key)
+    if problem:
+        raise ValueError(problem)
     for name, layer in deformable_layers(detector):
         part = layer_part(name)
         layer.impl = default if part is None else impls[part]
-    problem = missing_part_error(type(detector).__name__, msda, msda_parts_of(detector))
-    if problem:
-        raise ValueError(problem)
     return impls
+
+
+def msda_summary(model: nn.Module) -> str:
+    """``"MSDA implementation per model part: decoder: auto (6 layers), encoder: cpu (6
+    layers)"``: what each part's deformable-attention layers were set to (``auto`` names
+    its own choice in the log at the first call)."""
+    parts: Dict[str, Counter] = {}
+    for name, layer in deformable_layers(model):
+        part = layer_part(name) or "other"
+        parts.setdefault(part, Counter())[layer.impl] += 1
+    if not parts:
+        return "MSDA implementation per model part: the model has no deformable-attention layer"
+    listed = ", ".join(
+        f"{part}: "
+        + ", ".join(f"{impl} ({n} layer{'s' if n > 1 else ''})" for impl, n in sorted(c.items()))
+        for part, c in sorted(parts.items())
+    )
+    return f"MSDA implementation per model part: {listed}"

@@ -9,7 +9,7 @@ from npudet.nn import DeformableAttention
 from npudet.ops.msda import check_impl_name
 
 from .msda import MultiScaleDeformableAttention
-from .msda_switch import convert_msda, deformable_layers
+from .msda_switch import convert_msda, deformable_layers, stock_msda_layers
 
 __all__ = [
     "DeformableAttention",
@@ -17,4 +17,5 @@ __all__ = [
     "check_impl_name",
     "convert_msda",
     "deformable_layers",
+    "stock_msda_layers",
 ]
