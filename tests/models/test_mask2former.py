@@ -17,7 +17,15 @@ import torch
 from mmdet.structures import DetDataSample
 from mmdet.testing import demo_mm_inputs
 from mmengine.config import ConfigDict
-from msda_models_util import IMPLS, assert_same_step, build, layer_impls, mmdet_config, running_on
+from msda_models_util import (
+    IMPLS,
+    assert_same_step,
+    build,
+    layer_impls,
+    mmdet_config,
+    running_on,
+    tiny_mask2former_head,
+)
 
 from npudet.models import convert_msda
 from npudet.models.detectors.msda_config import msda_parts_of
@@ -37,20 +45,7 @@ def tiny_model_cfg(rel: str, impl: str) -> ConfigDict:
     cfg = mmdet_config(rel).model
     cfg.msda = dict(impl=impl)
     cfg.backbone.update(depth=18, init_cfg=None, base_channels=BASE)
-    head = cfg.panoptic_head
-    head.update(in_channels=[BASE * 2**i for i in range(4)], feat_channels=BASE)
-    head.update(out_channels=BASE, num_queries=10)
-    encoder = head.pixel_decoder.encoder
-    encoder.num_layers = 2
-    encoder.layer_cfg.self_attn_cfg.embed_dims = BASE
-    encoder.layer_cfg.ffn_cfg.update(embed_dims=BASE, feedforward_channels=BASE * 4)
-    head.pixel_decoder.positional_encoding.num_feats = BASE // 2
-    head.positional_encoding.num_feats = BASE // 2
-    decoder = head.transformer_decoder
-    decoder.num_layers = 2
-    decoder.layer_cfg.self_attn_cfg.embed_dims = BASE
-    decoder.layer_cfg.cross_attn_cfg.embed_dims = BASE
-    decoder.layer_cfg.ffn_cfg.update(embed_dims=BASE, feedforward_channels=BASE * 8)
+    tiny_mask2former_head(cfg.panoptic_head, base=BASE)
     cfg.train_cfg.num_points = 256
     # mmdet's batch augment pads every image to the 1024x1024 crop; the test batch is small
     cfg.data_preprocessor.batch_augments = None
@@ -179,20 +174,7 @@ def tiny_track_head(impl: Optional[str]) -> torch.nn.Module:
     init_default_scope("mmdet")
     head_cfg = mmdet_config(VIDEO).model.track_head
     head_cfg.pop("type")
-    head_cfg.update(in_channels=[BASE * 2**i for i in range(4)], feat_channels=BASE)
-    head_cfg.update(out_channels=BASE, num_queries=10, num_classes=3)
-    head_cfg.loss_cls.class_weight = [1.0] * 3 + [0.1]
-    encoder = head_cfg.pixel_decoder.encoder
-    encoder.num_layers = 2
-    encoder.layer_cfg.self_attn_cfg.embed_dims = BASE
-    encoder.layer_cfg.ffn_cfg.update(embed_dims=BASE, feedforward_channels=BASE * 4)
-    head_cfg.pixel_decoder.positional_encoding.num_feats = BASE // 2
-    head_cfg.positional_encoding.num_feats = BASE // 2
-    decoder = head_cfg.transformer_decoder
-    decoder.num_layers = 2
-    decoder.layer_cfg.self_attn_cfg.embed_dims = BASE
-    decoder.layer_cfg.cross_attn_cfg.embed_dims = BASE
-    decoder.layer_cfg.ffn_cfg.update(embed_dims=BASE, feedforward_channels=BASE * 8)
+    tiny_mask2former_head(head_cfg, num_classes=3, base=BASE)
     head_cfg.train_cfg.num_points = 256
     torch.manual_seed(0)
     head = Mask2FormerTrackHead(**head_cfg)
