@@ -73,31 +73,26 @@ test_pipeline = [
 ]
 
 
-def shapes_split(split, pipeline):
+def shapes_loader(split, pipeline, batch_size, shuffle):
     return dict(
-        type='BaseSegDataset',
-        data_root=data_root,
-        metainfo=metainfo,
-        data_prefix=dict(img_path=split, seg_map_path='semantic/' + split),
-        img_suffix='.jpg',
-        seg_map_suffix='.png',
-        pipeline=pipeline)
+        _delete_=True,
+        batch_size=batch_size,
+        num_workers=0,
+        persistent_workers=False,
+        sampler=dict(type='DefaultSampler', shuffle=shuffle),
+        dataset=dict(
+            type='BaseSegDataset',
+            data_root=data_root,
+            metainfo=metainfo,
+            data_prefix=dict(
+                img_path=split, seg_map_path='semantic/' + split),
+            img_suffix='.jpg',
+            seg_map_suffix='.png',
+            pipeline=pipeline))
 
 
-train_dataloader = dict(
-    _delete_=True,
-    batch_size=4,
-    num_workers=0,
-    persistent_workers=False,
-    sampler=dict(type='DefaultSampler', shuffle=True),
-    dataset=shapes_split('train', train_pipeline))
-val_dataloader = dict(
-    _delete_=True,
-    batch_size=1,
-    num_workers=0,
-    persistent_workers=False,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=shapes_split('val', test_pipeline))
+train_dataloader = shapes_loader('train', train_pipeline, 4, True)
+val_dataloader = shapes_loader('val', test_pipeline, 1, False)
 test_dataloader = val_dataloader
 val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
