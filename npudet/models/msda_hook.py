@@ -9,7 +9,7 @@ arguments and the same conversion (:func:`~.detectors.msda_config.apply_msda_cfg
 ``model.msda``::
 
     custom_imports = dict(imports=["npudet.plugin"], allow_failed_imports=False)
-    custom_hooks = [dict(type="MSDASwitchHook", impl="cpu", encoder=None, decoder=None)]
+    custom_hooks = [dict(type="MSDASwitchHook", impl="cpu", paths=dict(decode_head="gather"))]
 
 It is registered in mmengine's root ``HOOKS``, so every toolbox's scope (mmdet, mmseg,
 mmdet3d, a user's) finds it by that name.
@@ -17,7 +17,7 @@ mmdet3d, a user's) finds it by that name.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
@@ -36,6 +36,9 @@ class MSDASwitchHook(Hook):
         encoder: the implementation of the layers under a module named ``encoder``
             (default ``impl``); a model with no such layer refuses it in ``before_run``.
         decoder: the same for ``decoder``.
+        paths: module path prefix -> implementation (``dict(decode_head='gather')``), for
+            the layers under that module (the longest prefix wins, over ``encoder`` /
+            ``decoder``); a path with no layer under it is refused in ``before_run``.
 
     Only the layers' class changes: their parameters (the optimizer's, when it was built
     first), buffers and ``state_dict`` keys are the stock model's, so stock checkpoints load
@@ -46,9 +49,13 @@ class MSDASwitchHook(Hook):
     priority = "VERY_HIGH"  # before any hook that looks at the layers (profiler, parity)
 
     def __init__(
-        self, impl: str = "auto", encoder: Optional[str] = None, decoder: Optional[str] = None
+        self,
+        impl: str = "auto",
+        encoder: Optional[str] = None,
+        decoder: Optional[str] = None,
+        paths: Optional[Mapping[str, str]] = None,
     ) -> None:
-        self.msda = dict(impl=impl, encoder=encoder, decoder=decoder)
+        self.msda = dict(impl=impl, encoder=encoder, decoder=decoder, paths=paths)
 
     def before_run(self, runner) -> None:
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model

@@ -148,3 +148,19 @@ def test_part_override_for_a_part_the_model_lacks_is_refused(caplog) -> None:
         MSDASwitchHook(impl="cpu", decoder="gather").before_run(fake)
     with pytest.raises(ValueError, match=r"^MSDASwitchHook\.impl: "):
         MSDASwitchHook(impl="fastest").before_run(fake)
+
+
+def test_paths_choose_per_module_path() -> None:
+    """``paths``: a module path prefix names the layers under it; the longest prefix wins over
+    the part and ``impl``; ``encoder.layers.1`` is not a prefix of ``encoder.layers.10``."""
+    model = ToyModel()
+    fake = type("FakeRunner", (), {"model": model, "logger": logging.getLogger("t")})
+    paths = {"encoder": "gather", "encoder.layers.1": "grid_sample"}
+    MSDASwitchHook(impl="cpu", encoder="cpu", paths=paths).before_run(fake)
+    assert layer_impls(model) == {"encoder.layers.0": "gather", "encoder.layers.1": "grid_sample"}
+    with pytest.raises(ValueError, match=r"^MSDASwitchHook\.paths: ToyModel has no "
+                       r"deformable-attention layer under 'encoder\.layers\.10'; its MSDA "
+                       r"layers: encoder\.layers\.0, encoder\.layers\.1$"):  # fmt: skip
+        MSDASwitchHook(paths={"encoder.layers.10": "cpu"}).before_run(fake)
+    with pytest.raises(ValueError, match=r"^MSDASwitchHook\.paths\.head: "):
+        MSDASwitchHook(paths={"head": "fastest"}).before_run(fake)

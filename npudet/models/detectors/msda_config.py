@@ -20,9 +20,13 @@ def resolve_msda_cfg(msda: Optional[Mapping], key: str = "model.msda") -> Dict[s
     """``dict(impl='auto', encoder=None, decoder=None)`` -> ``{'encoder': .., 'decoder': ..}``.
 
     ``impl`` is the default of every part; ``encoder`` / ``decoder`` override it for
-    that part (ablations). Unknown keys or names raise ``ValueError`` naming the key.
+    that part (ablations); ``paths`` for the layers under a module path
+    (:func:`resolve_paths`, checked here too). Unknown keys or names raise ``ValueError``
+    naming the key.
     """
-    return _resolve(msda, key)[1]
+    parts = _resolve(msda, key)[1]
+    resolve_paths(msda, key)
+    return parts
 
 
 def _resolve(msda: Optional[Mapping], key: str) -> Tuple[str, Dict[str, str]]:
@@ -35,15 +39,31 @@ def _resolve(msda: Optional[Mapping], key: str) -> Tuple[str, Dict[str, str]]:
             f"{msda!r}; to choose one implementation set {key}.impl={msda} or --msda-impl {msda}"
         )
     msda = dict(msda or {})
-    unknown = sorted(set(msda) - {"impl", *PARTS})
+    unknown = sorted(set(msda) - {"impl", *PARTS, "paths"})
     if unknown:
-        raise ValueError(f"{key}: unknown keys {unknown}; expected impl, encoder, decoder")
+        raise ValueError(f"{key}: unknown keys {unknown}; expected impl, encoder, decoder, paths")
     default = check_impl_name(msda.get("impl", "auto"), f"{key}.impl")
     parts = {
         part: default if msda.get(part) is None else check_impl_name(msda[part], f"{key}.{part}")
         for part in PARTS
     }
     return default, parts
+
+
+def resolve_paths(msda: Optional[Mapping], key: str = "model.msda") -> Dict[str, str]:
+    """``msda['paths']``: module path prefix -> implementation, each name checked."""
+    paths = (msda or {}).get("paths") or {}
+    if not isinstance(paths, Mapping):
+        raise ValueError(
+            f"{key}.paths: expected a dict of module path -> implementation, like "
+            f"dict(decode_head='cpu'), got {paths!r}"
+        )
+    return {path: check_impl_name(impl, f"{key}.paths.{path}") for path, impl in paths.items()}
+
+
+def _under(name: str, path: str) -> bool:
+    """Whether module ``name`` is ``path`` or sits under it (``a.b.1`` is not under ``a.b.10``)."""
+    return name == path or name.startswith(path + ".")
 
 
 def layer_part(name: str) -> Optional[str]:
@@ -89,20 +109,34 @@ def apply_msda_cfg(
     The one conversion: npudet's detectors (``model.msda``) and ``MSDASwitchHook`` (any
     mmengine model, ``key`` naming the hook's arguments in errors) both call it.
 
-    A layer under a module named ``encoder`` / ``decoder`` takes that part's
-    implementation, any other layer ``impl``; mmcv's own MSDA layers are converted to
-    npudet's in place. A part override for a part with no layer in this model (Mask2Former's
-    MSDA is its pixel decoder's ``encoder``; it has no MSDA ``decoder``) raises ``ValueError``
-    naming the key and the model's parts (:func:`missing_part_error`). Returns the per-part
-    implementations.
+    A layer under a module path of ``paths`` (``dict(decode_head='cpu')``: the longest that
+    matches) takes that implementation, one under a module named ``encoder`` / ``decoder``
+    that part's, any other layer ``impl``; mmcv's own MSDA layers are converted to npudet's
+    in place. A path no layer sits under raises ``ValueError``, and so does a part override
+    for a part with no layer in this model (Mask2Former's MSDA is its pixel decoder's
+    ``encoder``; it has no MSDA ``decoder``), naming the key and the model's parts
+    (:func:`missing_part_error`). Returns the per-part implementations.
     """
     default, impls = _resolve(msda, key)
-    problem = missing_part_error(type(detector).__name__, msda, msda_parts_of(detector), key)
+    paths = resolve_paths(msda, key)
+    model = type(detector).__name__
+    problem = missing_part_error(model, msda, msda_parts_of(detector), key)
     if problem:
         raise ValueError(problem)
-    for name, layer in deformable_layers(detector):
+    layers = list(deformable_layers(detector))
+    names = [name for name, _ in layers]
+    for path in paths:
+        if not any(_under(name, path) for name in names):
+            listed = ", ".join(names[:3]) + (f" ({len(names)} in all)" if len(names) > 3 else "")
+            raise ValueError(
+                f"{key}.paths: {model} has no deformable-attention layer under {path!r}; "
+                f"its MSDA layers: {listed or 'none'}"
+            )
+    for name, layer in layers:
+        # the longest path a layer sits under wins, then its part, then ``impl``
+        path = max((p for p in paths if _under(name, p)), key=len, default=None)
         part = layer_part(name)
-        layer.impl = default if part is None else impls[part]
+        layer.impl = paths[path] if path else impls[part] if part else default
     return impls
 
 
