@@ -102,6 +102,16 @@ def test_decoder_override_names_the_models_parts() -> None:
         build(cfg)
 
 
+def test_paths_in_model_msda() -> None:
+    cfg = tiny_model_cfg(INSTANCE, "cpu")
+    cfg.msda.paths = {"panoptic_head.pixel_decoder.encoder.layers.1": "grid_sample"}
+    layers = "panoptic_head.pixel_decoder.encoder.layers"
+    assert layer_impls(build(cfg, init=False)) == {
+        f"{layers}.0.self_attn": "cpu",
+        f"{layers}.1.self_attn": "grid_sample",
+    }
+
+
 def test_cpu_and_grid_sample_same_step() -> None:
     assert_same_step(lambda impl: tiny_model_cfg(INSTANCE, impl), lambda: batch(INSTANCE))
 
