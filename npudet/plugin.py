@@ -11,8 +11,11 @@ imports it.
 mmdet names it overrides (``force=True``), all in mmdet's ``MODELS``, each by mmdet's class
 behind ``MSDAModel`` (``npudet.models.detectors``: same parameters and state_dict keys, one more
 config key, ``model.msda``): ``DeformableDETR``, ``DINO``, ``DDQDETR``, ``GroundingDINO``,
-``Mask2Former``, ``Mask2FormerVideo``. Every other name it registers is new (registered
-without ``force``, so a clash would raise).
+``Mask2Former``, ``Mask2FormerVideo``; and ``DeformableDETRHead``, mmdet's head that
+prefetches its Hungarian matchings in one host round trip when its assigner is
+``BatchedHungarianAssigner`` (``npudet.models.heads``; no parameter added, mmdet's behaviour
+with any other assigner). Every other name it registers is new (registered without ``force``,
+so a clash would raise).
 
 What else the import changes in the process:
 

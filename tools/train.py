@@ -35,6 +35,7 @@ from npudet.engine.preflight import (
     check_checkpoint,
     check_data,
     check_msda,
+    check_msda_deterministic,
     check_train_length,
 )
 from npudet.engine.resume import plan_elastic_restart, plan_resume, resume_config_warning
@@ -106,6 +107,7 @@ def main() -> None:
         fail(str(err))
     checks = [
         lambda: check_msda(cfg),
+        lambda: check_msda_deterministic(cfg),
         lambda: check_train_length(cfg),
         lambda: check_data(cfg, ["train", "val"], check_images=not args.skip_image_check),
     ]

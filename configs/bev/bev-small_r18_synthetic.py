@@ -166,6 +166,9 @@ param_scheduler = [
         begin=0,
         end=max_epochs)
 ]
+# the RNG states in each checkpoint, as the small detection configs keep them: mmengine
+# re-seeds on resume, so without them a resumed run draws other dropout masks
+custom_hooks = [dict(type='RNGStateHook')]
 # `tools/test.py CONFIG CKPT --show-dir DIR`: per sample the BEV plane and the 6 cameras
 default_hooks = dict(visualization=dict(type='BEVVisualizationHook'))
 # mmdet's visualizer draws 2D images; this one the BEV plane (metres) and the cameras

@@ -57,6 +57,35 @@ def check_msda(cfg: Config, device: Optional[str] = None) -> None:
             )
 
 
+def check_msda_deterministic(cfg: Config, device: Optional[str] = None) -> None:
+    """Under ``randomness.deterministic=True`` a training's ``model.msda`` names only
+    implementations whose backward is deterministic on the run's device (``auto`` picks one
+    itself); else the op would refuse at the first backward, after the work dir exists.
+
+    ``device``: as in ``check_msda`` (run it first: it checks the names).
+    """
+    from npudet.models import resolve_msda_cfg
+    from npudet.ops.msda import get_impl
+
+    if not (cfg.get("randomness") or {}).get("deterministic"):
+        return
+    if device is None:
+        from mmengine.device import get_device
+
+        device = get_device()
+    msda = cfg.model.get("msda") or {}
+    for part, name in resolve_msda_cfg(msda).items():
+        if name == "auto" or device in get_impl(name).DETERMINISTIC:
+            continue
+        key = "model.msda." + (part if msda.get(part) is not None else "impl")
+        choices = [n for n in usable_impls(device) if device in get_impl(n).DETERMINISTIC]
+        raise PreflightError(
+            f"{key}: MSDA implementation {name!r} has no deterministic backward on {device!r} "
+            f"and randomness.deterministic=True is set; deterministic on {device!r}: "
+            f"{['auto', *choices]}"
+        )
+
+
 def check_msda_parts(cfg: Config) -> None:
     """``model.msda``'s part overrides (``encoder`` / ``decoder``) name parts the model has:
     read from its class (``msda_parts``) without building it; a class that does not declare

@@ -21,14 +21,17 @@ from .detectors import (
     resolve_msda_cfg,
     switch_msda,
 )
+from .heads import BatchedHungarianAssigner, DeformableDETRHead
 from .layers import MultiScaleDeformableAttention, check_impl_name, convert_msda
 from .msda_hook import MSDASwitchHook
 
 __all__ = [
+    "BatchedHungarianAssigner",
     "DDQDETR",
     "DINO",
     "MSDA_MODELS",
     "DeformableDETR",
+    "DeformableDETRHead",
     "GroundingDINO",
     "MSDAModel",
     "MSDASwitchHook",

@@ -144,8 +144,7 @@ def test_a_dead_worker_in_a_distributed_run_is_not_a_lost_peer(tmp_path, monkeyp
 
         def train(self) -> None:
             raise RuntimeError(
-                "DataLoader worker (pid 4242) is killed by signal: Killed. "
-                "Connection reset by peer"
+                "DataLoader worker (pid 4242) is killed by signal: Killed. Connection reset by peer"
             )
 
     monkeypatch.setattr(run_guard, "peer_lost", lambda err: True)  # as in a 2-rank group

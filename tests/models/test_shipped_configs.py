@@ -162,6 +162,21 @@ def mmdet_differences(path: str) -> Set[str]:
     return config_differences(Config.fromfile(path), Config.fromfile(mmdet_path))
 
 
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_config_keeps_the_rng_states(path: str) -> None:
+    """Every shipped config (the COCO ones through configs/_base_/npudet_coco.py) builds
+    ``RNGStateHook`` from its ``custom_hooks`` as the runner does: a resumed run draws what
+    the uninterrupted one would."""
+    from mmengine.registry import HOOKS, DefaultScope
+    from mmengine.utils import import_modules_from_strings
+
+    cfg = Config.fromfile(path)
+    import_modules_from_strings(**cfg.custom_imports)
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):  # the runner's scope
+        hooks = [HOOKS.build(dict(hook)) for hook in cfg.get("custom_hooks", [])]
+    assert "RNGStateHook" in [type(hook).__name__ for hook in hooks]
+
+
 @pytest.mark.parametrize("path", MMDET_DERIVED, ids=os.path.basename)
 def test_coco_config_is_mmdets(path: str) -> None:
     differences = mmdet_differences(path)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from npu_sim_util import REPO, SIM_PATH, npu_env
 
+from npudet.ops.msda import auto, validate_inputs
 from npudet.ops.msda.verification import parity
 
 PY = sys.executable
@@ -72,6 +73,20 @@ def test_variable_brings_the_stand_in_before_anything_else():
     assert plain.returncode != 0 and "No module named 'torch_npu'" in plain.stderr
 
 
+def test_torch_npu_imported_before_torch():
+    """``import torch_npu`` first loads the device as torch_npu does (its own ``import torch``
+    runs with the backend autoload off, so torch does not import the half-made package again),
+    and leaves the autoload switch as it found it, for child processes."""
+    out = _child(
+        """
+        import torch_npu, os, torch
+        print(torch.npu.is_available(), torch.ones(1, device="npu").device,
+              os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"])
+        """
+    )
+    assert out.split() == ["True", "npu:0", "1"]
+
+
 def test_refuses_to_shadow_a_real_torch_npu(tmp_path):
     real = tmp_path / "torch_npu"
     real.mkdir()
@@ -117,7 +132,7 @@ def test_device_glue(simulated_npu):
     assert not isinstance(torch.zeros(2, dtype=torch.bool), torch.npu.BoolTensor)
 
 
-@pytest.mark.parametrize("impl", ["npu_vendor", "grid_sample", "gather", "triton"])
+@pytest.mark.parametrize("impl", ["npu_vendor", "grid_sample", "gather", "gather_det", "triton"])
 def test_op_parity_on_simulated_npu(simulated_npu, impl):
     """Every parity case, forward and the three gradients, against the float64 CPU reference:
     within CPU's tolerances, or declined by the implementation's own limits. ``triton`` runs
@@ -130,6 +145,24 @@ def test_op_parity_on_simulated_npu(simulated_npu, impl):
     outcomes = {case.case: case.status for case in result.cases}
     assert set(outcomes.values()) <= {parity.PASSED, parity.DECLINED}, result.cases
     assert outcomes[parity.PROBE_CASE] == parity.PASSED
+
+
+def test_auto_in_deterministic_mode_on_simulated_npu(simulated_npu):
+    """Under torch.use_deterministic_algorithms(True) ``auto`` takes ``gather_det`` for npu
+    tensors (every faster candidate's backward adds atomically), and two runs agree bitwise."""
+    inputs = parity.small_inputs(**parity.PARITY_CASES[parity.PROBE_CASE])
+    out_shape = (inputs[3].shape[0], inputs[3].shape[1], inputs[0].shape[2] * inputs[0].shape[3])
+    grad = parity.cotangent(out_shape)
+    tensors = [t.npu().requires_grad_(t.is_floating_point()) for t in inputs]
+    torch.use_deterministic_algorithms(True)
+    try:
+        chosen = auto.select_impl("auto", validate_inputs(*tensors)).NAME
+        first, second = (parity.vjp(chosen, inputs, grad, "npu") for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert chosen == "gather_det"
+    for name, a, b in zip(parity.TENSORS, first, second):
+        assert a.device.type == "npu" and torch.equal(a, b), name
 
 
 def test_npu_vendor_on_npu_matches_grid_sample_on_cpu(simulated_npu):

@@ -1,11 +1,15 @@
 """The simulated NPU where ordinary user code meets torch_npu's API: pinned memory and
 non_blocking copies, a generator per device, timed events and streams, ``torch_npu.npu.profile``
-under mmengine's ``NPUProfilerHook``, and forked workers refused as torch_npu refuses them."""
+under mmengine's ``NPUProfilerHook``, forked workers refused as torch_npu refuses them, and
+what the simulation still lacks failing as its README says."""
 
 from __future__ import annotations
 
+import builtins
+import importlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from npu_sim_util import ENV, REPO, SIM_PATH, npu_env
+from table_util import markdown_rows
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -96,9 +101,13 @@ def test_events_time_the_work_between_records_and_streams_are_accepted(simulated
 
 
 def test_profile_runs_mmengines_npu_profiler_hook(simulated_npu, tmp_path):
+    """The hook runs, and the simulation warns that torch_npu 2.x has no ``npu.profile``."""
     from mmengine.hooks import NPUProfilerHook
 
-    hook = NPUProfilerHook(begin=0, end=1, result_path=str(tmp_path), exit_after_profiling=False)
+    with pytest.warns(UserWarning, match="torch_npu.npu.profile is simulated: torch_npu 2.1"):
+        hook = NPUProfilerHook(
+            begin=0, end=1, result_path=str(tmp_path), exit_after_profiling=False
+        )
     runner = SimpleNamespace(iter=0, max_iters=2, logger=logging.getLogger("npu_sim_profile"))
     hook.before_run(runner)
     hook.before_train_iter(runner, 0)
@@ -148,3 +157,57 @@ def test_forked_worker_meeting_npu_tensors_is_refused_at_once():
     assert "cpu workers: 4" in done.stdout, done.stderr[-3000:]
     assert done.returncode != 0
     assert "Cannot re-initialize NPU in forked subprocess" in done.stderr, done.stderr[-3000:]
+
+
+def _lacking_rows() -> list:
+    """The README's table of what torch_npu has and the simulation lacks, as (names, error)."""
+    text = (REPO / "ops" / "npu_sim" / "README.md").read_text()
+    section = text.split("### What torch_npu has and the simulation still lacks", 1)[1]
+    rows = markdown_rows(section)
+    return [
+        (
+            re.findall(r"`(torch(?:_npu|\.npu)\.[\w.]+)`", row["torch_npu API"]),
+            row["what a user gets here"],
+        )
+        for row in rows
+    ]
+
+
+def _resolve(name: str, as_module: bool) -> None:
+    """``import name`` or the attribute chain ``name`` from its top-level module."""
+    if as_module:
+        importlib.import_module(name)
+        return
+    first, *rest = name.split(".")
+    target = importlib.import_module(first)
+    for part in rest:
+        target = getattr(target, part)
+
+
+def test_what_the_readme_says_is_missing_is_missing(simulated_npu):
+    """Every ``torch.npu.*`` / ``torch_npu.*`` name in the README's table of what the simulation
+    lacks fails with the error its row names: the README matches the code."""
+    rows = [(names, error) for names, error in _lacking_rows() if names]
+    assert len(rows) >= 7, rows
+    for names, error in rows:
+        kind = re.match(r"`(\w+Error)", error).group(1)
+        for name in names:
+            with pytest.raises(getattr(builtins, kind)):
+                _resolve(name, as_module=kind == "ModuleNotFoundError")
+
+
+def test_rng_state_hook_restores_the_npu_generator(simulated_npu):
+    """A resumed run on an accelerator draws the dropout masks the uninterrupted run drew."""
+    from types import SimpleNamespace
+
+    from npudet.hooks.rng_state_hook import RNGStateHook
+
+    hook, checkpoint = RNGStateHook(), {}
+    runner = SimpleNamespace(logger=logging.getLogger("rng"))
+    torch.npu.manual_seed_all(3)
+    hook.before_save_checkpoint(runner, checkpoint)
+    expected = torch.rand(5, device="npu").cpu()
+    torch.npu.manual_seed_all(0)  # what mmengine's re-seeding on resume does
+    hook.after_load_checkpoint(runner, checkpoint)
+    assert torch.equal(torch.rand(5, device="npu").cpu(), expected)
+    assert len(checkpoint["meta"]["rng_state"]["devices"]["npu"]) == torch.npu.device_count()

@@ -150,3 +150,23 @@ def test_family_trains_and_tests_on_npu(config, tiny_shapes, tmp_path):
     proc = _test(config, work / "epoch_1.pth", tmp_path / "test", [*data, TWO_IMAGES])
     output = proc.stdout + proc.stderr
     assert "npudet MSDA auto on npu float32: using 'npu_vendor'" in output, output[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("npu", [True, False], ids=["npu", "cpu"])
+def test_deterministic_trainings_give_identical_losses(npu, tiny_shapes, tmp_path):
+    """``randomness.deterministic=True`` with ``--msda-impl auto``: two trainings of three
+    iterations on one device give the same losses to the last bit (npu against npu: an npu run
+    draws its initial weights from the npu generator). On npu ``auto`` takes ``gather_det``,
+    the one whose backward is deterministic there."""
+    steps = ["train_dataloader.dataset.indices=6", "randomness.deterministic=True"]
+    options = [*data_options(tiny_shapes), *FAST, *ONE_STEP[:-1], *steps]
+    runs = []
+    for name in ("first", "second"):
+        _train(SMALL_DETR, tmp_path / name, options, "--msda-impl", "auto", npu=npu)
+        runs.append(_losses(tmp_path / name))
+    if npu:
+        log = _log(tmp_path / "first")
+        assert "npudet MSDA auto on npu float32: using 'gather_det'" in log, log[-3000:]
+    assert len(runs[0]) == 3 and len(set(runs[0].values())) == 3, runs  # it trained
+    assert runs[0] == runs[1]

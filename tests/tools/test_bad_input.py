@@ -40,6 +40,15 @@ def test_unknown_msda_impl(tiny_shapes, tmp_path, monkeypatch, capsys) -> None:
     assert "'nope'" in line
 
 
+def test_nondeterministic_msda_impl_in_deterministic_mode(
+    tiny_shapes, tmp_path, monkeypatch, capsys
+):
+    opts = ["--msda-impl", "cpu_atomic", "--cfg-options", "randomness.deterministic=True"]
+    line = _train([*opts, *data_options(tiny_shapes)], tmp_path, monkeypatch, capsys)
+    assert "model.msda.impl: MSDA implementation 'cpu_atomic' has no deterministic backward" in line
+    assert "deterministic on 'cpu': ['auto', " in line and "'gather_det'" in line
+
+
 def test_missing_and_corrupt_annotations(tiny_shapes, tmp_path, monkeypatch, capsys) -> None:
     data = tmp_path / "data"
     shutil.copytree(tiny_shapes, data)

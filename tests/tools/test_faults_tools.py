@@ -4,7 +4,8 @@ or missing data for ``tools/deployment/eval_export.py``, unknown names and unwri
 ``tools/misc/check_device.py`` (it ran the whole check, then failed or said "saved" without
 writing), the environment variables with undocumented values (issue 57: in check_device too,
 and ``NPUDET_SIMULATED_NPU``), and a work dir ``tools/test.py`` cannot write (a traceback after
-the model was loaded).
+the model was loaded); a missing input of ``tools/analysis_tools/bev_heading_errors.py`` and
+``tools/dataset_converters/create_nuscenes_infos.py`` (tracebacks).
 """
 
 from __future__ import annotations
@@ -249,4 +250,37 @@ def test_test_py_read_only_work_dir(tmp_path, read_only, monkeypatch, capsys) ->
     assert err == [
         f"error: work dir {read_only}: cannot be written ({read_only} is not a writable "
         "folder); pass a writable --work-dir"
+    ]
+
+
+HEADINGS = os.path.join(ROOT, "tools", "analysis_tools", "bev_heading_errors.py")
+NUSCENES_INFOS = os.path.join(ROOT, "tools", "dataset_converters", "create_nuscenes_infos.py")
+
+
+def test_heading_errors_without_its_predictions(tmp_path, monkeypatch, capsys) -> None:
+    """A missing or foreign predictions file was a ``FileNotFoundError`` /
+    ``UnpicklingError`` traceback."""
+    made_by = "write it with tools/test.py CONFIG CHECKPOINT --out preds.pkl"
+    missing = tmp_path / "preds.pkl"
+    err = _tool(HEADINGS, [str(missing)], monkeypatch, capsys)
+    assert err == [f"error: preds {missing}: no such file; {made_by}"]
+    text = tmp_path / "notes.txt"
+    text.write_text("not a pickle")
+    (line,) = _tool(HEADINGS, [str(text)], monkeypatch, capsys)
+    assert line.startswith(f"error: preds {text}: not a pickle of predictions (")
+    assert line.endswith(made_by)
+
+
+def test_nuscenes_infos_without_the_dataroot(tmp_path, monkeypatch, capsys) -> None:
+    """A missing dataroot, or one without the version's tables, was the devkit's
+    ``AssertionError: Database version not found`` traceback; now checked before it loads."""
+    missing = tmp_path / "nuscenes"
+    args = ["--dataroot", str(missing), "--version", "v1.0-mini"]
+    err = _tool(NUSCENES_INFOS, args, monkeypatch, capsys)
+    assert err == [f"error: dataroot {missing}: no such folder (nuScenes' root)"]
+    missing.mkdir()
+    err = _tool(NUSCENES_INFOS, args, monkeypatch, capsys)
+    assert err == [
+        f"error: dataroot {missing}: no v1.0-mini/ folder in it (nuScenes' tables, "
+        "v1.0-mini/*.json; the version is --version)"
     ]

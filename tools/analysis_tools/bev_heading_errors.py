@@ -12,6 +12,7 @@ the distribution of the signed heading error per class as a markdown table.
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 
 from npudet.bev.evaluation.heading import heading_errors, markdown
@@ -37,6 +38,21 @@ def _frames(samples: list):
         )
 
 
+def _load_preds(path: str) -> list:
+    """The samples ``tools/test.py --out`` pickled to ``path``; one error line if it cannot."""
+    made_by = "write it with tools/test.py CONFIG CHECKPOINT --out preds.pkl"
+    if not os.path.isfile(path):
+        fail(f"preds {path}: no such file; {made_by}")
+    try:
+        with open(path, "rb") as f:
+            samples = pickle.load(f)
+    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+        fail(f"preds {path}: not a pickle of predictions ({exc}); {made_by}")
+    if not isinstance(samples, list):
+        fail(f"preds {path}: holds a {type(samples).__name__}, not a list of samples; {made_by}")
+    return samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("preds", help="the pickle tools/test.py --out wrote")
@@ -45,8 +61,7 @@ def main() -> None:
     parser.add_argument("--min-score", type=float, default=0.3, help="lowest score kept")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
-    with open(args.preds, "rb") as f:
-        samples = pickle.load(f)
+    samples = _load_preds(args.preds)
     errors = heading_errors(_frames(samples), args.classes, args.max_dist, args.min_score)
     print(markdown(errors))
     if args.json:

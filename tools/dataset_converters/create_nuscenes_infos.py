@@ -29,7 +29,7 @@ def main(argv: list | None = None) -> int:
         paths = create_nuscenes_infos(
             args.dataroot, args.version, args.out_dir, min_points=args.min_points, verbose=True
         )
-    except ImportError as exc:
+    except (ImportError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for split, path in paths.items():

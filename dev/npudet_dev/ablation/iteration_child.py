@@ -5,7 +5,8 @@
     {"config": path, "impl": "stock" | an MSDA implementation, "perturb_ulp": false,
      "data": {"kind": "coco" |
      "bev", "root": dir, "width": W, "height": H}, "iters": N, "init_weights": path,
-     "seed": 0, "threads": 2, "work_dir": dir, "reference_matching": path | null}
+     "seed": 0, "threads": 2, "work_dir": dir, "reference_matching": path | null,
+     "bare": false, "cfg_options": {key: value} | null}
 
 builds the runner (``stock``: mmdet's config and classes, npudet's plugin never imported,
 see :mod:`.bench_config`), loads the shared initial weights (strict: the same parameter
@@ -14,6 +15,9 @@ names), reseeds, trains N iterations and writes ``WORK_DIR/record.json``: ``loss
 ``reference_matching``: a JSON file of the reference run's ``matching``), ``iter_ms`` [N],
 ``iter_cpu_ms`` [N], ``phases`` {phase: [N] ms} (:mod:`.time_split`), ``msda_calls``,
 ``peak_rss_mb``, ``detector``, ``msda_layer_classes``, ``msda_impls``, ``npudet_modules``.
+``bare``: none of the benchmark's own work inside the model (no MSDA timer, no matching
+recorder; both add ops to the iteration), for runs that count what the model dispatches.
+``cfg_options``: merged into the config (``Config.merge_from_dict``) before the run.
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ def run(spec: Dict[str, Any], hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
     cfg = load_config(spec["config"], stock)
     if not stock:
         cfg.model.msda = dict(impl=spec["impl"], encoder=None, decoder=None)
+    if spec.get("cfg_options"):
+        cfg.merge_from_dict(spec["cfg_options"])
     data = spec["data"]
     if data["kind"] == "coco":
         use_coco_images(cfg, data["root"], data["width"], data["height"])
@@ -82,7 +88,8 @@ def run(spec: Dict[str, Any], hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
 
     runner = Runner.from_cfg(cfg)
     torch.set_num_threads(int(spec["threads"]))
-    splitter = TimeSplitHook(observe_op=not stock)
+    bare = bool(spec.get("bare"))
+    splitter = TimeSplitHook(observe_op=not stock and not bare)
     recorder = LossRecorderHook()
     reference = None
     if spec.get("reference_matching"):
@@ -90,11 +97,12 @@ def run(spec: Dict[str, Any], hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
             reference = json.load(f)
     matching = MatchingRecorder(reference)
     initial = InitialStateHook(spec["init_weights"], int(spec["seed"]))
-    for hook in (initial, splitter, recorder, matching, *hooks):
+    own = (initial, splitter, recorder) if bare else (initial, splitter, recorder, matching)
+    for hook in (*own, *hooks):
         runner.register_hook(hook)
     # The perturbation first, so the timer wraps (and times) the perturbed sampling.
     undo_ulp = perturb_mmcv_output(int(spec["seed"])) if spec.get("perturb_ulp") else None
-    undo = time_mmcv_sampling(splitter.msda) if stock else (lambda: None)
+    undo = time_mmcv_sampling(splitter.msda) if stock and not bare else (lambda: None)
     try:
         runner.train()
     finally:

@@ -278,3 +278,13 @@ def write_outputs(result: Dict[str, Any], json_path: str) -> None:
         f.write(f"{header(result)}\n\n{markdown_table(result)}" + "".join(f"\n{n}" for n in notes))
     name = os.path.splitext(os.path.basename(result["config"]))[0]
     plot_time_split(result, stem + "_split.png", f"{name}\ntime per iteration, {result['input']}")
+
+
+def write_json_and_table(result: Dict[str, Any], json_path: str, table: str) -> str:
+    """Write ``result`` to ``json_path`` (its folder made) and ``table`` to the ``.md`` beside;
+    returns the table."""
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    write_json_atomic(json_path, result)
+    with open(os.path.splitext(json_path)[0] + ".md", "w") as f:
+        f.write(table)
+    return table

@@ -186,6 +186,18 @@ def sample_info(
     )
 
 
+def _check_dataroot(dataroot: str, version: str) -> None:
+    """Raise one line, before the devkit is loaded, where ``dataroot`` cannot be nuScenes'
+    (the devkit's own check is an ``AssertionError`` traceback)."""
+    if not os.path.isdir(dataroot):
+        raise FileNotFoundError(f"dataroot {dataroot}: no such folder (nuScenes' root)")
+    if not os.path.isdir(os.path.join(dataroot, version)):
+        raise FileNotFoundError(
+            f"dataroot {dataroot}: no {version}/ folder in it (nuScenes' tables, "
+            f"{version}/*.json; the version is --version)"
+        )
+
+
 def create_nuscenes_infos(
     dataroot: str,
     version: str = "v1.0-trainval",
@@ -198,11 +210,14 @@ def create_nuscenes_infos(
 
     ``out_dir`` defaults to ``dataroot`` (``img_path`` is relative to ``dataroot``, so the
     dataset's ``data_root`` is the nuScenes dataroot). ``nusc``: an already loaded NuScenes.
+    ``FileNotFoundError`` naming the folder when ``dataroot`` holds no ``version/`` tables.
     """
-    NuScenes, to_detection, create_splits_scenes = _import_devkit()
     suffix = version.split("-")[-1]
     if suffix not in VERSION_SPLITS:
         raise ValueError(f"unknown nuScenes version {version!r}: expected v1.0-trainval/mini/test")
+    if nusc is None:
+        _check_dataroot(dataroot, version)
+    NuScenes, to_detection, create_splits_scenes = _import_devkit()
     if nusc is None:
         nusc = NuScenes(version=version, dataroot=dataroot, verbose=verbose)
     out_dir = dataroot if out_dir is None else out_dir

@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from npudet.ops.msda import note_level_layout, noted_level_pairs
 from npudet.ops.msda.levels import LevelPairs
 
 
@@ -51,7 +52,17 @@ class LevelPairsMixin:
         feat / feat_pos (bs, sum H_l*W_l, C), spatial_shapes [(H_l, W_l)], valid_ratios
         (bs, levels, 2) of ones, no mask, level_start_index None (the layers derive it)."""
         if batch_data_samples is not None:
-            return super().pre_transformer(mlvl_feats, batch_data_samples)  # type: ignore[misc]
+            encoder_inputs, decoder_inputs = super().pre_transformer(  # type: ignore[misc]
+                mlvl_feats, batch_data_samples
+            )
+            # mmdet built the level tensors on the device from these sizes: the op need not
+            # read them back (a device-to-host sync per forward on an accelerator).
+            note_level_layout(
+                encoder_inputs["spatial_shapes"],
+                encoder_inputs["level_start_index"],
+                [tuple(feat.shape[-2:]) for feat in mlvl_feats],
+            )
+            return encoder_inputs, decoder_inputs
         feats, poses, pairs = [], [], []
         for lvl, feat in enumerate(mlvl_feats):
             # mmdet's unmasked case: the encoding of a map with no padding.
@@ -77,27 +88,35 @@ class LevelPairsMixin:
         valid_ratios: Tensor,
     ) -> Dict:
         """mmdet's; with pairs, the encoder's layers on reference points from
-        :func:`level_grid` (mmdet's ``get_encoder_reference_points`` at valid ratios 1)."""
+        :func:`level_grid` (mmdet's ``get_encoder_reference_points`` at valid ratios 1); with
+        the level tensor of :meth:`pre_transformer`, mmdet's reference points from the sizes
+        it noted (the same numbers, without reading the tensor back)."""
         if isinstance(spatial_shapes, Tensor):
-            return super().forward_encoder(  # type: ignore[misc]
-                feat, feat_mask, feat_pos, spatial_shapes, level_start_index, valid_ratios
+            pairs = noted_level_pairs(spatial_shapes)
+            if pairs is None:
+                return super().forward_encoder(  # type: ignore[misc]
+                    feat, feat_mask, feat_pos, spatial_shapes, level_start_index, valid_ratios
+                )
+            reference_points = self.encoder.get_encoder_reference_points(  # type: ignore[attr-defined]
+                pairs, valid_ratios, device=feat.device
             )
-        _require_unmasked(feat_mask)
-        grid = torch.cat(level_grid(spatial_shapes, feat.device), 0)  # (keys, 2)
-        # (bs, keys, levels, 2): every level samples at the key's own normalised position.
-        reference_points = grid[None, :, None].expand(feat.shape[0], -1, len(spatial_shapes), 2)
+        else:
+            _require_unmasked(feat_mask)
+            grid = torch.cat(level_grid(spatial_shapes, feat.device), 0)  # (keys, 2)
+            # (bs, keys, levels, 2): every level samples at the key's own normalised position.
+            reference_points = grid[None, :, None].expand(feat.shape[0], -1, len(spatial_shapes), 2)
         memory = feat
         for layer in self.encoder.layers:  # type: ignore[attr-defined]
             memory = layer(
                 query=memory,
                 query_pos=feat_pos,
-                key_padding_mask=None,
+                key_padding_mask=feat_mask,
                 spatial_shapes=spatial_shapes,
                 level_start_index=level_start_index,
                 valid_ratios=valid_ratios,
                 reference_points=reference_points,
             )
-        return dict(memory=memory, memory_mask=None, spatial_shapes=spatial_shapes)
+        return dict(memory=memory, memory_mask=feat_mask, spatial_shapes=spatial_shapes)
 
     def gen_encoder_output_proposals(
         self, memory: Tensor, memory_mask: Optional[Tensor], spatial_shapes
@@ -106,8 +125,10 @@ class LevelPairsMixin:
         (output memory (bs, keys, C), proposals (bs, keys, 4) as inverse-sigmoid cxcywh,
         inf where a proposal leaves (0.01, 0.99))."""
         if isinstance(spatial_shapes, Tensor):
+            # the sizes noted by pre_transformer: mmdet's numbers, the tensor not read back
+            pairs = noted_level_pairs(spatial_shapes)
             return super().gen_encoder_output_proposals(  # type: ignore[misc]
-                memory, memory_mask, spatial_shapes
+                memory, memory_mask, spatial_shapes if pairs is None else pairs
             )
         _require_unmasked(memory_mask)
         proposals = []

@@ -9,7 +9,13 @@ Layers, highest first (a module imports only from its own layer or lower ones):
 from . import backends  # noqa: F401  (registers the implementations)
 from .api import multi_scale_deformable_attn, prepare
 from .auto import auto_order, select_impl
-from .inputs import MSDAInputs, typical_inputs, validate_inputs
+from .inputs import (
+    MSDAInputs,
+    note_level_layout,
+    noted_level_pairs,
+    typical_inputs,
+    validate_inputs,
+)
 from .levels import LevelPairs, level_start_index, shapes_tensor
 from .registry import (
     MSDAImpl,
@@ -33,6 +39,8 @@ __all__ = [
     "msda_impls",
     "msda_variants",
     "multi_scale_deformable_attn",
+    "note_level_layout",
+    "noted_level_pairs",
     "prepare",
     "register",
     "register_variant",

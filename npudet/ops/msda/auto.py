@@ -78,7 +78,8 @@ AUTO_PRIORITY: Dict[str, List[str]] = {
     "cpu": ["cpu", "gather", "grid_sample"],
     # mmcv's kernel is the proven one; triton moves ahead only on a recorded measurement.
     "cuda": ["mmcv", "triton", "gather", "grid_sample"],
-    "npu": ["npu_vendor", "triton", "gather", "grid_sample"],
+    # gather_det: the one whose backward is deterministic on npu (deterministic mode).
+    "npu": ["npu_vendor", "triton", "gather", "gather_det", "grid_sample"],
 }
 DEFAULT_PRIORITY: List[str] = ["gather", "grid_sample"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -211,8 +211,9 @@ def validate_inputs(
     )
 
 
-# spatial_shapes -> (level_start_index, both tensors' in-place write counts, num_keys) of
-# the last layout whose values were checked. Weak keys: a freed tensor's id can be reused.
+# spatial_shapes -> (level_start_index, (both tensors' in-place write counts, num_keys), the
+# (H, W) pairs when a model told them: note_level_layout) of the last layout whose values were
+# checked. Weak keys: a freed tensor's id can be reused.
 _checked_layouts: WeakIdKeyDictionary = WeakIdKeyDictionary()
 # The last pair found valid, tried first: a model hands one pair to every layer of a
 # forward, so most calls end at an identity test instead of a weak-key look-up (which
@@ -251,7 +252,13 @@ def _check_levels(
     flat = torch.cat((spatial_shapes.detach().reshape(-1), level_start_index.detach()))
     values = flat.long().tolist()
     shapes = [values[2 * i : 2 * i + 2] for i in range(num_levels)]
-    starts = values[2 * num_levels :]
+    _check_layout(shapes, values[2 * num_levels :], num_keys)
+    if trackable:
+        _remember(spatial_shapes, level_start_index, state)
+
+
+def _check_layout(shapes: List[List[int]], starts: List[int], num_keys: int) -> None:
+    """The level layout's values, on the host: ValueError naming the argument."""
     if any(h <= 0 or w <= 0 for h, w in shapes):
         raise ValueError(f"spatial_shapes: expected positive (H, W) per level, got {shapes}")
     sizes = [h * w for h, w in shapes]
@@ -266,7 +273,59 @@ def _check_levels(
             f"level_start_index: expected {expected} (cumulative H*W of spatial_shapes), "
             f"got {starts}"
         )
-    if trackable:
-        starts_ref = weakref.ref(level_start_index)
-        _checked_layouts[spatial_shapes] = (starts_ref, state)
-        _last_checked = (weakref.ref(spatial_shapes), starts_ref, state)
+
+
+def _remember(
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    state: tuple,
+    pairs: Optional[List[Tuple[int, int]]] = None,
+) -> None:
+    global _last_checked
+    starts_ref = weakref.ref(level_start_index)
+    _checked_layouts[spatial_shapes] = (starts_ref, state, pairs)
+    _last_checked = (weakref.ref(spatial_shapes), starts_ref, state)
+
+
+def note_level_layout(
+    spatial_shapes: torch.Tensor,
+    level_start_index: torch.Tensor,
+    pairs: Sequence[Tuple[int, int]],
+) -> None:
+    """Tell the op what the level tensors hold, so that no call ever reads them back.
+
+    For a model that builds ``spatial_shapes`` (num_levels, 2) and ``level_start_index``
+    (num_levels,) on the device from its feature maps' sizes (mmdet's ``pre_transformer``):
+    it knows their values on the host as ``pairs``, (H, W) per level. The pairs are checked
+    as the tensors' values would be, the tensors' shapes against them; the tensors are taken
+    to hold them (the caller built them so). Calls with these two tensors, unmodified, and
+    ``num_keys`` = sum of H*W then check nothing more: no device-to-host read, not even the
+    first call's. Inference tensors (no write count) are not remembered: read as usual.
+    """
+    shapes = [[int(h), int(w)] for h, w in pairs]
+    if tuple(spatial_shapes.shape) != (len(shapes), 2):
+        raise ValueError(
+            f"spatial_shapes: expected shape ({len(shapes)}, 2) for {len(shapes)} level pairs, "
+            f"got {tuple(spatial_shapes.shape)}"
+        )
+    if tuple(level_start_index.shape) != (len(shapes),):
+        raise ValueError(
+            f"level_start_index: expected shape ({len(shapes)},) for {len(shapes)} level "
+            f"pairs, got {tuple(level_start_index.shape)}"
+        )
+    sizes = [h * w for h, w in shapes]
+    num_keys = sum(sizes)
+    _check_layout(shapes, [sum(sizes[:i]) for i in range(len(sizes))], num_keys)
+    if not (spatial_shapes.is_inference() or level_start_index.is_inference()):
+        state = (spatial_shapes._version, level_start_index._version, num_keys)
+        _remember(spatial_shapes, level_start_index, state, [(h, w) for h, w in shapes])
+
+
+def noted_level_pairs(spatial_shapes: torch.Tensor) -> Optional[List[Tuple[int, int]]]:
+    """The (H, W) pairs :func:`note_level_layout` was told ``spatial_shapes`` holds, while it
+    is unmodified since; None otherwise. Lets model code that iterates over the level sizes
+    (reference points, proposals) take them from the host instead of reading the tensor."""
+    entry = _checked_layouts.get(spatial_shapes)
+    if entry is None or entry[2] is None or entry[1][0] != spatial_shapes._version:
+        return None
+    return list(entry[2])

@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mmengine.config import Config
 from train_util import train_losses
 
+from npudet.engine.preflight import PreflightError, check_msda_deterministic
 from npudet.ops import msda_impls, multi_scale_deformable_attn
-from npudet.ops.msda import auto, registry
+from npudet.ops.msda import MSDAInputs, auto, registry
+from npudet.ops.msda.backends import gather_det
 from npudet.ops.msda.inputs import validate_inputs
+from npudet.utils.packages import assume_packages
+
+# The packages of an Ascend machine with DrivingSDK (npu_vendor usable), described, not imported.
+ASCEND = {"torch_npu": "2.6.0", "mx_driving": "7.1.0", "triton": "3.2.0"}
 
 
 @pytest.fixture
@@ -45,7 +52,7 @@ def _grads(impl):
     return [out.detach(), *torch.autograd.grad(out, (value, loc, attn), grad_out)]
 
 
-@pytest.mark.parametrize("impl", ["cpu", "cpu_owner", "gather", "grid_sample"])
+@pytest.mark.parametrize("impl", ["cpu", "cpu_owner", "gather", "gather_det", "grid_sample"])
 def test_declared_deterministic_backward_is_bitwise_reproducible(impl, deterministic):
     if impl not in msda_impls() + registry.msda_variants():
         pytest.fail(f"{impl} unavailable: {registry.get_impl(impl).unavailable_reasons()}")
@@ -64,6 +71,58 @@ def test_declarations():
     assert registry.get_impl("cpu_atomic").DETERMINISTIC == ()
     assert registry.get_impl("triton").DETERMINISTIC == ()
     assert registry.get_impl("grid_sample").DETERMINISTIC == ("cpu",)
+    assert registry.get_impl("gather_det").DETERMINISTIC == ("cpu", "cuda", "npu")
+    assert "npu" not in registry.get_impl("npu_vendor").DETERMINISTIC
+
+
+def test_gather_det_backward_in_chunks_is_the_same_sum(monkeypatch):
+    """Contributions added a few bag columns at a time (a large call) give the gradients of
+    one pass, to round-off (float64)."""
+    value, shapes, starts, loc, attn = _inputs(queries=40)
+    tensors = [t.detach().double().requires_grad_() for t in (value, loc, attn)]
+
+    def grads():
+        out = multi_scale_deformable_attn(
+            tensors[0], shapes, starts, tensors[1], tensors[2], impl="gather_det"
+        )
+        return torch.autograd.grad(out.square().sum(), tensors)
+
+    whole = grads()
+    monkeypatch.setattr(gather_det, "CHUNK_ELEMENTS", 1)  # one bag column per index_put_
+    for a, b in zip(whole, grads()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_auto_on_npu_takes_gather_det_in_deterministic_mode():
+    npu_call = MSDAInputs("npu", torch.float32, 2, 13294, 8, 32, 4, 300, 4, True)
+    with assume_packages(ASCEND):
+        assert auto.select_impl("auto", npu_call).NAME == "npu_vendor"
+        torch.use_deterministic_algorithms(True)
+        try:
+            assert auto.select_impl("auto", npu_call).NAME == "gather_det"
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+
+def _training_cfg(deterministic=True, **msda) -> Config:
+    return Config(dict(model=dict(msda=msda), randomness=dict(seed=0, deterministic=deterministic)))
+
+
+def test_preflight_refuses_a_nondeterministic_impl_in_one_line():
+    with assume_packages(ASCEND):
+        with pytest.raises(PreflightError) as err:
+            check_msda_deterministic(_training_cfg(impl="npu_vendor"), device="npu")
+    assert str(err.value) == (
+        "model.msda.impl: MSDA implementation 'npu_vendor' has no deterministic backward on "
+        "'npu' and randomness.deterministic=True is set; deterministic on 'npu': "
+        "['auto', 'gather_det']"
+    )
+    with pytest.raises(PreflightError, match=r"^model.msda.encoder: .*'cpu_atomic'.*'gather_det'"):
+        check_msda_deterministic(_training_cfg(impl="cpu", encoder="cpu_atomic"), device="cpu")
+    # auto, a deterministic choice, or deterministic mode off: nothing to refuse
+    check_msda_deterministic(_training_cfg(impl="auto"), device="npu")
+    check_msda_deterministic(_training_cfg(impl="gather_det"), device="npu")
+    check_msda_deterministic(_training_cfg(False, impl="cpu_atomic"), device="cpu")
 
 
 def test_auto_skips_nondeterministic(deterministic, monkeypatch):

@@ -39,6 +39,7 @@ ALL, NONE, ATTN_ONLY = (True, True, True), (False, False, False), (False, False,
 SUPPORT = {
     "grid_sample": (False, ALL if _aten_grid_sample_second_order() else ATTN_ONLY),
     "gather": (False, NONE),
+    "gather_det": (False, NONE),
     "cpu": (False, NONE),
     "triton": (False, NONE),
     "mmcv": (False, NONE),

@@ -12,14 +12,13 @@ and under which load it ran.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from npudet.ablation.ablate import run_variant
 from npudet.benchmark.conditions import RULE
-from npudet.utils.json_io import write_json_atomic
 
 from ..iteration_bench import bench_iteration
+from ..iteration_report import write_json_and_table
 from .report import markdown
 from .split import mean_split, totals, transformer_rest
 
@@ -77,9 +76,4 @@ def profile_iteration(
 
 def write_outputs(result: Dict[str, Any], json_path: str) -> str:
     """Write ``result`` to ``json_path`` and its table to the ``.md`` beside; returns the table."""
-    table = markdown(result)
-    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    write_json_atomic(json_path, result)
-    with open(os.path.splitext(json_path)[0] + ".md", "w") as f:
-        f.write(table)
-    return table
+    return write_json_and_table(result, json_path, markdown(result))

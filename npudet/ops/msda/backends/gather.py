@@ -9,7 +9,7 @@ on any device with ``embedding_bag`` and traces under ``torch.compile(fullgraph=
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -119,6 +119,15 @@ def bilinear_corners(
     return rows.reshape(flat), weight.reshape(flat)
 
 
+# (table (N, D), rows (M, bag), weights (M, bag)) -> (M, D): sum_j w[m, j] table[rows[m, j]]
+RowBags = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def embedding_bags(table: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The weighted row sums (``RowBags``) as one ``embedding_bag(mode='sum')``."""
+    return F.embedding_bag(rows, table, per_sample_weights=weights, mode="sum")
+
+
 def msda_gather(
     value: torch.Tensor,
     spatial_shapes: torch.Tensor,
@@ -126,11 +135,13 @@ def msda_gather(
     sampling_locations: torch.Tensor,
     attention_weights: torch.Tensor,
     constants: Optional[CornerConstants] = None,
+    bags: RowBags = embedding_bags,
 ) -> torch.Tensor:
     """value (bs, keys, heads, D) -> (bs, num_queries, heads * D) by weighted row bags.
 
     Any floating dtypes (see ``inputs``); half precision is computed in float32 and the
-    output has value's dtype. ``constants``: see ``bilinear_corners``.
+    output has value's dtype. ``constants``: see ``bilinear_corners``. ``bags``: what sums
+    the rows (and so what computes value's gradient).
     """
     bs, num_keys, num_heads, head_dim = value.shape
     num_queries = sampling_locations.shape[1]
@@ -146,11 +157,10 @@ def msda_gather(
     # Half precision gathers from a float32 copy of value: the bag sums and, in backward,
     # the value-gradient sums over every sample that hit a row are float32.
     compute = torch.promote_types(value.dtype, torch.float32)
-    out = F.embedding_bag(
-        rows.reshape(-1, bag),
+    out = bags(
         value.reshape(-1, head_dim).to(compute),
-        per_sample_weights=weights.reshape(-1, bag).to(compute),
-        mode="sum",
+        rows.reshape(-1, bag),
+        weights.reshape(-1, bag).to(compute),
     )
     return out.view(bs, num_queries, num_heads * head_dim).to(value.dtype)
 
@@ -164,17 +174,25 @@ class GatherImpl(MSDAImpl):
     # embedding_bag(mode='sum')'s backward: sequential per row on CPU (tested bitwise), and
     # sort-and-segment on CUDA (absent from torch's nondeterministic list; not run here).
     DETERMINISTIC = ("cpu", "cuda")
+    # The row sums; a subclass changes how (and so how value's gradient is summed).
+    BAGS: RowBags = staticmethod(embedding_bags)
 
     def forward(
         self, value, spatial_shapes, level_start_index, sampling_locations, attention_weights
     ):
         return msda_gather(
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights
+            value,
+            spatial_shapes,
+            level_start_index,
+            sampling_locations,
+            attention_weights,
+            bags=self.BAGS,
         )
 
     def bind(self, inputs: MSDAInputs) -> Kernel:
         sizes = (inputs.batch, inputs.num_keys, inputs.num_heads)
         built: List[CornerConstants] = []  # on the first call: the plan's device
+        bags = self.BAGS
 
         def run(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
             if not built:
@@ -186,6 +204,7 @@ class GatherImpl(MSDAImpl):
                 sampling_locations,
                 attention_weights,
                 built[0],
+                bags,
             )
 
         return run

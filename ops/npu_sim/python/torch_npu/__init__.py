@@ -33,6 +33,13 @@ if _real:
         "NPU refuses to stand in for it. Unset NPUDET_SIMULATED_NPU to use the real one."
     )
 
+# As torch_npu does: autoload off while this package imports torch, so that `import torch_npu`
+# before torch does not make torch's autoload import this half-initialised package again.
+_ORG_AUTOLOAD = os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+import torch  # noqa: E402,F401
+
 from . import npu, optim  # noqa: E402,F401
 from ._simulation import load  # noqa: E402
 
@@ -42,4 +49,10 @@ __version__ = "0+npudet.simulated"
 
 
 def _autoload() -> None:
-    """torch's device-backend autoload entry point (the import above did the work)."""
+    """torch's device-backend autoload entry point (the import above did the work): restores
+    the switch, which child processes inherit."""
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = _ORG_AUTOLOAD
+
+
+# When `import torch_npu` comes first torch skips the autoload: restore the switch here too.
+_autoload()

@@ -55,7 +55,7 @@ def auto_on(packages, **call) -> str:
 
 
 def test_npu_priority_order():
-    assert auto_order("npu") == ["npu_vendor", "triton", "gather", "grid_sample"]
+    assert auto_order("npu") == ["npu_vendor", "triton", "gather", "gather_det", "grid_sample"]
 
 
 @pytest.mark.parametrize(

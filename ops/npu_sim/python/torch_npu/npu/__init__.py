@@ -20,7 +20,6 @@ import torch
 from . import amp, config, utils  # noqa: F401  (torch.npu.amp, .config, .utils)
 from .profiler import profile, profileConfig  # noqa: F401  (torch_npu.npu.profile)
 
-native_device = "npu"  # mmengine maps 'npu' to this name in BaseModel.to
 DEVICE_NAME = "Simulated Ascend NPU (npudet: PrivateUse1 on host memory, CPU arithmetic)"
 # The opt-in that put this stand-in on sys.path; the device answers only while it is set.
 SIMULATED_NPU_ENV = "NPUDET_SIMULATED_NPU"
@@ -135,12 +134,14 @@ def is_bf16_supported() -> bool:
 
 
 def set_compile_mode(jit_compile: bool = False) -> None:
-    """Recorded only: the simulation has no operator compiler (``get_compile_mode`` reads it)."""
+    """Recorded only: the simulation has no operator compiler (``is_jit_compile_false`` reads
+    it)."""
     _compile_mode["jit_compile"] = bool(jit_compile)
 
 
-def get_compile_mode() -> bool:
-    return _compile_mode["jit_compile"]
+def is_jit_compile_false() -> bool:
+    """torch_npu's reading of ``set_compile_mode``: True when binary kernels are chosen."""
+    return not _compile_mode["jit_compile"]
 
 
 # ---- memory: counters of this device's host blocks ----
@@ -415,3 +416,7 @@ IntTensor = _typed_tensor("IntTensor", torch.int32)
 FloatTensor = _typed_tensor("FloatTensor", torch.float32)
 HalfTensor = _typed_tensor("HalfTensor", torch.float16)
 BFloat16Tensor = _typed_tensor("BFloat16Tensor", torch.bfloat16)
+ByteTensor = _typed_tensor("ByteTensor", torch.uint8)
+CharTensor = _typed_tensor("CharTensor", torch.int8)
+ShortTensor = _typed_tensor("ShortTensor", torch.int16)
+DoubleTensor = _typed_tensor("DoubleTensor", torch.float64)

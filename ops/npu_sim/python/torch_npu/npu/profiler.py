@@ -4,11 +4,16 @@ On Ascend it drives CANN's msprof and writes its data under ``profiler_result_pa
 ``NPUProfilerHook`` enters it at one iteration and leaves it at another. Here it records
 torch's CPU-side profile (the device's ops run on the host) and writes a Chrome trace,
 ``npu_sim_trace_<pid>.json``, into that folder: the hook's glue runs, with no NPU timeline.
+
+torch_npu 2.1.0.post8 to 2.14.0 ship no ``torch_npu.npu.profile`` (only ``torch_npu.profiler``),
+so on a real NPU with them mmengine's hook fails with ``AttributeError`` as it is built; the
+simulation keeps this older API for the hook and says so in a warning.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -52,6 +57,11 @@ class profile:  # noqa: N801  (torch_npu's name)
         use_e2e_profiler: bool = False,
         config: Optional[profileConfig] = None,
     ) -> None:
+        warnings.warn(
+            "torch_npu.npu.profile is simulated: torch_npu 2.1 to 2.14 have none (AttributeError "
+            "on a real NPU, where mmengine's NPUProfilerHook fails); use torch_npu.profiler there",
+            stacklevel=2,
+        )
         self.result_path = profiler_result_path
         self.use_e2e_profiler = use_e2e_profiler
         self.config = config or profileConfig()
