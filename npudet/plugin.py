@@ -2,11 +2,11 @@
 
 Importing it registers everything the configs name in the mmdet / mmengine registries: the
 2D detectors and ``MSDASwitchHook`` (``npudet.models``; the hook in mmengine's root ``HOOKS``,
-so mmseg's and every other toolbox's scope find it), the BEV detector, its dataset, transforms and metric
-(``npudet.bev``), ``FastCocoMetric`` (``npudet.evaluation``), every training hook
-(``npudet.hooks``), the BEV visualizer and its hook (``npudet.visualization``) and the CPU
-mixed-precision optim wrapper (``npudet.engine.amp``). It is the top layer: nothing in npudet
-imports it.
+so mmseg's and every other toolbox's scope find it), the BEV detector, its dataset,
+transforms and metric (``npudet.bev``), ``FastCocoMetric`` (``npudet.evaluation``), every
+training hook (``npudet.hooks``), the BEV visualizer and its hook (``npudet.visualization``)
+and the CPU mixed-precision optim wrapper (``npudet.engine.amp``). It is the top layer:
+nothing in npudet imports it.
 
 mmdet names it overrides (``force=True``), all in mmdet's ``MODELS``, each by mmdet's class
 behind ``MSDAModel`` (``npudet.models.detectors``: same parameters and state_dict keys, one more

@@ -9,7 +9,11 @@
 _base_ = ['mmseg::mask2former/mask2former_r50_8xb2-160k_ade20k-512x512.py']
 
 custom_imports = dict(imports=['npudet.plugin'], allow_failed_imports=False)
-custom_hooks = [dict(type='MSDASwitchHook', impl='auto')]
+# RNGStateHook is in mmdet's registry: named with its scope from mmseg's
+custom_hooks = [
+    dict(type='MSDASwitchHook', impl='auto'),
+    dict(type='mmdet.RNGStateHook')
+]
 
 classes = ('background', 'circle', 'square', 'triangle')
 num_classes = len(classes)
