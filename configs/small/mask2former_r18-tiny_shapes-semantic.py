@@ -120,5 +120,11 @@ default_hooks = dict(
     checkpoint=dict(
         by_epoch=True, interval=max_epochs, max_keep_ckpts=1, save_best=None))
 log_processor = dict(by_epoch=True)
+# TensorBoard scalars next to the JSON log, as npudet's other configs
+vis_backends = [
+    dict(type='LocalVisBackend'),
+    dict(type='TensorboardVisBackend')
+]
+visualizer = dict(vis_backends=vis_backends)
 randomness = dict(seed=0)
 env_cfg = dict(dist_cfg=dict(backend='gloo'))
