@@ -1,11 +1,13 @@
 """npudet's one entry point for mmdet configs: ``custom_imports=dict(imports=['npudet.plugin'])``.
 
 Importing it registers everything the configs name in the mmdet / mmengine registries: the
-2D detectors (``npudet.models``), the BEV detector, its dataset, transforms and metric
-(``npudet.bev``), ``FastCocoMetric`` (``npudet.evaluation``), every training hook
-(``npudet.hooks``), the BEV visualizer and its hook (``npudet.visualization``), the CPU
-mixed-precision optim wrapper (``npudet.engine.amp``) and the optim wrapper constructor that
-steps equal param groups together (``npudet.engine.merged_groups``). It is the top layer:
+2D detectors and ``MSDASwitchHook`` (``npudet.models``; the hook in mmengine's root ``HOOKS``,
+so mmseg's and every other toolbox's scope find it), the BEV detector, its dataset,
+transforms and metric (``npudet.bev``), ``FastCocoMetric`` (``npudet.evaluation``), every
+training hook (``npudet.hooks``), the BEV visualizer and its hook (``npudet.visualization``),
+the CPU mixed-precision optim wrapper (``npudet.engine.amp``) and the optim wrapper
+constructor that steps equal param groups together (``npudet.engine.merged_groups``). It is
+the top layer:
 nothing in npudet imports it.
 
 mmdet names it overrides (``force=True``), all in mmdet's ``MODELS``, each by mmdet's class

@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from mmengine.config import Config, ConfigDict
@@ -141,6 +141,32 @@ def tiny_dino_cfg(rel: str, num_classes: int, **msda: str) -> ConfigDict:
     cfg.bbox_head.num_classes = num_classes
     cfg.test_cfg.max_per_img = 20  # top-k over the 20 queries
     return cfg
+
+
+def tiny_mask2former_head(
+    head: ConfigDict, num_classes: Optional[int] = None, base: int = 32
+) -> ConfigDict:
+    """A Mask2Former head config (mmdet's ``panoptic_head`` / ``track_head``, mmseg's
+    ``decode_head``) shrunk in place as mmdet's own tests shrink it: ``base`` channels
+    (backbone levels ``base * 2**i``), 2 pixel-decoder and 2 decoder layers, 10 queries;
+    ``num_classes`` classes (None: the config's). Returns ``head``."""
+    head.update(in_channels=[base * 2**i for i in range(4)], feat_channels=base)
+    head.update(out_channels=base, num_queries=10)
+    if num_classes is not None:
+        head.num_classes = num_classes
+        head.loss_cls.class_weight = [1.0] * num_classes + [0.1]
+    encoder = head.pixel_decoder.encoder
+    encoder.num_layers = 2
+    encoder.layer_cfg.self_attn_cfg.embed_dims = base
+    encoder.layer_cfg.ffn_cfg.update(embed_dims=base, feedforward_channels=base * 4)
+    head.pixel_decoder.positional_encoding.num_feats = base // 2
+    head.positional_encoding.num_feats = base // 2
+    decoder = head.transformer_decoder
+    decoder.num_layers = 2
+    decoder.layer_cfg.self_attn_cfg.embed_dims = base
+    decoder.layer_cfg.cross_attn_cfg.embed_dims = base
+    decoder.layer_cfg.ffn_cfg.update(embed_dims=base, feedforward_channels=base * 8)
+    return head
 
 
 def build(model_cfg: Config, seed: int = 0, init: bool = True) -> torch.nn.Module:

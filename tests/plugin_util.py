@@ -34,7 +34,7 @@ def build_model(cfg: Config, seed: int = 0) -> torch.nn.Module:
     import npudet.models  # noqa: F401
 
     drop_pretrained(cfg)
-    init_default_scope("mmdet")
+    init_default_scope(cfg.get("default_scope", "mmdet"))  # an mmseg config builds in mmseg's
     torch.manual_seed(seed)
     model = MODELS.build(cfg.model)
     model.init_weights()

@@ -68,7 +68,7 @@ printf '%s\n' "import os, sys; os.environ.get('NPUDET_SIMULATED_NPU') == '1' and
   >"$site_dir/npudet_simulated_npu.pth"
 
 stamp="$venv/.npudet-setup-$(stamp_key)"
-if [ -f "$stamp" ] && "$py" -c "import npudet, npudet_dev, mmcv.ops, mmdet, torch
+if [ -f "$stamp" ] && "$py" -c "import npudet, npudet_dev, mmcv.ops, mmdet, mmseg.models, torch
 from importlib.util import find_spec
 assert all(find_spec(m) for m in ('nuscenes', 'pyquaternion', 'sklearn', 'cachetools'))" \
   >/dev/null 2>&1; then
@@ -96,7 +96,7 @@ if ! "$py" -c "import mmcv.ops" >/dev/null 2>&1; then
 fi
 
 echo "[setup] installing npudet and its dependencies"
-extras="dev,triton,coco,deploy"
+extras="dev,triton,coco,deploy,seg"
 # mmengine 0.10.7 imports pkg_resources, which setuptools >= 81 no longer ships;
 # torch 2.13 asks for setuptools >= 77.0.3.
 echo "setuptools>=77.0.3,<81" >> "$constraints"

@@ -10,15 +10,12 @@ candidates were skipped (INFO), and each candidate that failed verification (WAR
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from typing import Dict
 
 from mmengine.logging import MMLogger
-from torch import nn
 
-from npudet.models.detectors.msda_config import layer_part
-from npudet.models.layers.layer_switch import active_pieces
-from npudet.models.layers.msda_switch import deformable_layers
+from npudet.models.detectors.msda_config import msda_summary
+
+__all__ = ["MMLoggerHandler", "install", "msda_summary"]
 
 OP_LOGGER = "npudet"
 
@@ -45,26 +42,3 @@ def install() -> MMLoggerHandler:
         logger.setLevel(logging.INFO)
     logger.propagate = False  # the MMLogger prints it; the root logger would print it twice
     return handler
-
-
-def msda_summary(model: nn.Module) -> str:
-    """``"MSDA implementation per model part: decoder: auto (6 layers), encoder: cpu (6
-    layers); layer pieces (model.msda.layers): ffn (12), dropout (24), projections (12)"``:
-    what each part's deformable-attention layers were set to (``auto`` names its own choice
-    in the log at the first call) and how many modules run each training-grade piece."""
-    parts: Dict[str, Counter] = {}
-    for name, layer in deformable_layers(model):
-        part = layer_part(name) or "other"
-        parts.setdefault(part, Counter())[layer.impl] += 1
-    if not parts:
-        return "MSDA implementation per model part: the model has no deformable-attention layer"
-    listed = ", ".join(
-        f"{part}: "
-        + ", ".join(f"{impl} ({n} layer{'s' if n > 1 else ''})" for impl, n in sorted(c.items()))
-        for part, c in sorted(parts.items())
-    )
-    pieces = ", ".join(f"{piece} ({n})" for piece, n in active_pieces(model).items() if n)
-    return (
-        f"MSDA implementation per model part: {listed}; layer pieces (model.msda.layers): "
-        f"{pieces or 'none (stock)'}"
-    )

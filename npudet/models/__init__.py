@@ -3,7 +3,9 @@
 Configs import it through ``custom_imports=dict(imports=['npudet.plugin'])``: mmdet's
 ``DeformableDETR``, ``DINO``, ``DDQDETR``, ``GroundingDINO``, ``Mask2Former`` and
 ``Mask2FormerVideo`` names then build npudet's subclasses (``npudet.models.detectors``), which
-accept ``msda=dict(impl=...)``. ``import npudet`` alone stays light (no mmdet import).
+accept ``msda=dict(impl=...)``; ``MSDASwitchHook`` (in mmengine's ``HOOKS``) does the same
+for any other model from ``custom_hooks``. ``import npudet`` alone stays light (no mmdet
+import).
 """
 
 from .detectors import (
@@ -21,6 +23,7 @@ from .detectors import (
 )
 from .heads import BatchedHungarianAssigner, DeformableDETRHead
 from .layers import MultiScaleDeformableAttention, check_impl_name, convert_msda
+from .msda_hook import MSDASwitchHook
 
 __all__ = [
     "BatchedHungarianAssigner",
@@ -31,6 +34,7 @@ __all__ = [
     "DeformableDETRHead",
     "GroundingDINO",
     "MSDAModel",
+    "MSDASwitchHook",
     "Mask2Former",
     "Mask2FormerVideo",
     "MultiScaleDeformableAttention",

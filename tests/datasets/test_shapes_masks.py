@@ -44,3 +44,26 @@ def test_annotations_carry_rle_masks(tiny_shapes: str) -> None:
         mask = mask_utils.decode(dict(rle, counts=rle["counts"].encode()))
         x, y, w, h = (int(v) for v in ann["bbox"])
         assert mask.sum() <= w * h and not mask[:, : max(x, 0)].any()
+
+
+def test_semantic_maps_are_the_instance_masks_labelled(tiny_shapes: str) -> None:
+    import cv2
+
+    from npudet.datasets import SEMANTIC_CLASSES, write_semantic_maps
+
+    write_semantic_maps(tiny_shapes)
+    assert not write_semantic_maps(tiny_shapes)  # up to date: nothing rewritten
+    assert SEMANTIC_CLASSES == ("background", "circle", "square", "triangle")
+    with open(os.path.join(tiny_shapes, "annotations", "instances_val.json")) as f:
+        coco = json.load(f)
+    for img in coco["images"]:
+        stem = os.path.splitext(img["file_name"])[0]
+        path = os.path.join(tiny_shapes, "semantic", "val", f"{stem}.png")
+        labels = cv2.imread(path, cv2.IMREAD_UNCHANGED)
+        expected = np.zeros((img["height"], img["width"]), np.uint8)
+        for ann in coco["annotations"]:
+            if ann["image_id"] == img["id"]:
+                rle = dict(ann["segmentation"], counts=ann["segmentation"]["counts"].encode())
+                expected[mask_utils.decode(rle) > 0] = ann["category_id"]
+        assert labels.dtype == np.uint8 and (labels == expected).all()
+        assert set(np.unique(labels)) - {0}, "an image with no shape"

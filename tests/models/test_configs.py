@@ -18,8 +18,11 @@ CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "[!_]*", "*.py")))
 @pytest.mark.parametrize("path", CONFIGS, ids=[os.path.basename(p) for p in CONFIGS])
 def test_config_parses_with_msda_key(path: str) -> None:
     cfg = Config.fromfile(path)
-    assert cfg.model.type in ("DeformableDETR", "DINO", "BEVFormer", *MSDA_MODELS)
-    assert cfg.model.msda.impl == "auto"
+    if cfg.model.type == "EncoderDecoder":  # mmseg's segmentor: the hook switches it
+        assert cfg.custom_hooks[0] == dict(type="MSDASwitchHook", impl="auto")
+    else:
+        assert cfg.model.type in ("DeformableDETR", "DINO", "BEVFormer", *MSDA_MODELS)
+        assert cfg.model.msda.impl == "auto"
     assert cfg.custom_imports.imports == ["npudet.plugin"]
     # the R50 configs start from ImageNet weights as mmdet's and BEVFormer-tiny's do (the
     # tests drop them: plugin_util.drop_pretrained); the small ones train from scratch

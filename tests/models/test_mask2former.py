@@ -4,17 +4,28 @@ What mmdet 3.3.0's ``test_maskformer.py`` (Mask2Former cases) and its pixel-deco
 check — mmdet's R50 configs shrunk to ResNet-18 at 32 channels, ``loss`` / ``predict`` /
 ``tensor`` on a batch of two differently sized images — done for each implementation, with
 every MSDA layer counted on npudet's op and none on mmcv's; and one step of ``cpu`` against
-``grid_sample``.
+``grid_sample``. The pixel decoder and the video track head built alone (no detector, so no
+``model.msda``) take the one-line ``convert_msda(module, impl)``, as mmdet's tests of both run.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import pytest
 import torch
 from mmdet.structures import DetDataSample
 from mmdet.testing import demo_mm_inputs
 from mmengine.config import ConfigDict
-from msda_models_util import IMPLS, assert_same_step, build, layer_impls, mmdet_config, running_on
+from msda_models_util import (
+    IMPLS,
+    assert_same_step,
+    build,
+    layer_impls,
+    mmdet_config,
+    running_on,
+    tiny_mask2former_head,
+)
 
 from npudet.models import convert_msda
 from npudet.models.detectors.msda_config import msda_parts_of
@@ -24,6 +35,7 @@ pytestmark = pytest.mark.skipif("cpu" not in msda_impls(), reason="cpu kernel di
 
 INSTANCE = "mask2former/mask2former_r50_8xb2-lsj-50e_coco.py"
 PANOPTIC = "mask2former/mask2former_r50_8xb2-lsj-50e_coco-panoptic.py"
+VIDEO = "mask2former_vis/mask2former_r50_8xb2-8e_youtubevis2021.py"
 BASE = 32  # mmdet's test width
 
 
@@ -33,20 +45,7 @@ def tiny_model_cfg(rel: str, impl: str) -> ConfigDict:
     cfg = mmdet_config(rel).model
     cfg.msda = dict(impl=impl)
     cfg.backbone.update(depth=18, init_cfg=None, base_channels=BASE)
-    head = cfg.panoptic_head
-    head.update(in_channels=[BASE * 2**i for i in range(4)], feat_channels=BASE)
-    head.update(out_channels=BASE, num_queries=10)
-    encoder = head.pixel_decoder.encoder
-    encoder.num_layers = 2
-    encoder.layer_cfg.self_attn_cfg.embed_dims = BASE
-    encoder.layer_cfg.ffn_cfg.update(embed_dims=BASE, feedforward_channels=BASE * 4)
-    head.pixel_decoder.positional_encoding.num_feats = BASE // 2
-    head.positional_encoding.num_feats = BASE // 2
-    decoder = head.transformer_decoder
-    decoder.num_layers = 2
-    decoder.layer_cfg.self_attn_cfg.embed_dims = BASE
-    decoder.layer_cfg.cross_attn_cfg.embed_dims = BASE
-    decoder.layer_cfg.ffn_cfg.update(embed_dims=BASE, feedforward_channels=BASE * 8)
+    tiny_mask2former_head(cfg.panoptic_head, base=BASE)
     cfg.train_cfg.num_points = 256
     # mmdet's batch augment pads every image to the 1024x1024 crop; the test batch is small
     cfg.data_preprocessor.batch_augments = None
@@ -101,6 +100,16 @@ def test_decoder_override_names_the_models_parts() -> None:
     with pytest.raises(ValueError, match=r"model\.msda\.decoder: Mask2Former has no .*"
                        r"encoder \(panoptic_head\.pixel_decoder\.encoder\)"):  # fmt: skip
         build(cfg)
+
+
+def test_paths_in_model_msda() -> None:
+    cfg = tiny_model_cfg(INSTANCE, "cpu")
+    cfg.msda.paths = {"panoptic_head.pixel_decoder.encoder.layers.1": "grid_sample"}
+    layers = "panoptic_head.pixel_decoder.encoder.layers"
+    assert layer_impls(build(cfg, init=False)) == {
+        f"{layers}.0.self_attn": "cpu",
+        f"{layers}.1.self_attn": "grid_sample",
+    }
 
 
 def test_cpu_and_grid_sample_same_step() -> None:
@@ -163,3 +172,71 @@ def test_pixel_decoder(impl: str) -> None:
     assert len(multi_scale) == 3
     for out, feat in zip(multi_scale[::-1], feats[1:]):
         assert out.shape[-2:] == feat.shape[-2:]
+
+
+def tiny_track_head(impl: Optional[str]) -> torch.nn.Module:
+    """mmdet's ``Mask2FormerTrackHead`` test head built alone (no detector: no ``model.msda``),
+    shrunk to 32 channels, 2 pixel-decoder and 2 decoder layers, then converted with the
+    documented one-line call ``convert_msda(head, impl)`` (None: stock mmcv)."""
+    from mmdet.models.tracking_heads import Mask2FormerTrackHead
+    from mmengine.registry import init_default_scope
+
+    init_default_scope("mmdet")
+    head_cfg = mmdet_config(VIDEO).model.track_head
+    head_cfg.pop("type")
+    tiny_mask2former_head(head_cfg, num_classes=3, base=BASE)
+    head_cfg.train_cfg.num_points = 256
+    torch.manual_seed(0)
+    head = Mask2FormerTrackHead(**head_cfg)
+    head.init_weights()
+    if impl is not None:
+        assert convert_msda(head, impl) == 2
+    return head
+
+
+def frame_feats(frames: int, size: int) -> list:
+    """The backbone's 4 levels (strides 8 to 64, as mmdet's test) for ``frames`` frames."""
+    return [
+        torch.rand(frames, BASE * 2**i, size // s, size // s) for i, s in enumerate([8, 16, 32, 64])
+    ]
+
+
+def track_losses(head: torch.nn.Module, size: int = 64) -> dict:
+    """mmdet's track-head loss test: one video of two frames (frame 0 the key frame)."""
+    from mmdet.testing import demo_track_inputs
+
+    torch.manual_seed(1)
+    feats = frame_feats(2, size)
+    inputs = demo_track_inputs(
+        batch_size=1,
+        num_frames=2,
+        key_frames_inds=[0],
+        image_shapes=[(3, size, size)],
+        num_classes=2,
+        with_mask=True,
+    )
+    return head.loss(feats, [inputs["data_samples"][0]])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_track_head(impl: str) -> None:
+    """mmdet's ``Mask2FormerTrackHead`` tests on npudet's op: the loss (3 losses per decoder
+    prediction) equal to stock mmcv's, and ``predict`` over a video of 3 frames."""
+    from mmdet.structures import TrackDataSample
+
+    stock = track_losses(tiny_track_head(None))
+    head = tiny_track_head(impl)
+    with running_on(head, impl):
+        losses = track_losses(head)
+        assert len(losses) == 3 * 3  # loss_cls, loss_mask, loss_dice x (2 layers + 1)
+        head.eval()
+        with torch.no_grad():
+            size, frames = 64, 3
+            feats = frame_feats(frames, size)
+            meta = dict(img_shape=(size, size), ori_shape=(size, size), scale_factor=(1, 1))
+            meta.update(pad_shape=(size, size), batch_input_shape=(size, size))
+            video = TrackDataSample()
+            video.video_data_samples = [DetDataSample(metainfo=meta) for _ in range(frames)]
+            assert len(head.predict(feats, video)) == frames
+    for name, value in stock.items():
+        torch.testing.assert_close(losses[name], value, atol=1e-4, rtol=1e-4, msg=name)

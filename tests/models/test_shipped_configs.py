@@ -12,8 +12,9 @@ For each config (found by glob, so a new one is covered; ``_base_`` skipped):
   remote checkpoint load fails the test instead of downloading; Grounding DINO's BERT is a
   local one the test writes), and one training step on generated data (boxes; masks for
   Mask2Former, + semantic maps for panoptic; the class names as the prompt for Grounding
-  DINO) gives finite losses and a nonzero gradient at the ``sampling_offsets`` of every MSDA
-  layer (a layer cut off from the loss fails; a model without one fails).
+  DINO; a semantic map for mmseg's segmentor, converted as ``MSDASwitchHook`` does) gives
+  finite losses and a nonzero gradient at the ``sampling_offsets`` of every MSDA layer (a
+  layer cut off from the loss fails; a model without one fails).
 """
 
 from __future__ import annotations
@@ -208,6 +209,17 @@ def generated_batch(cfg: Config) -> Dict:
     from mmdet.testing import demo_mm_inputs
 
     model = cfg.model
+    if model.type == "EncoderDecoder":  # mmseg's: an image and its semantic map
+        from mmengine.structures import PixelData
+        from mmseg.structures import SegDataSample
+
+        torch.manual_seed(0)
+        shape = IMAGE_SHAPE[1:]
+        sample = SegDataSample(metainfo=dict(img_shape=shape, ori_shape=shape))
+        num_classes = model.decode_head.num_classes
+        sample.gt_sem_seg = PixelData(data=torch.randint(0, num_classes, (1, *shape)))
+        image = torch.randint(0, 256, IMAGE_SHAPE, dtype=torch.uint8)
+        return dict(inputs=[image], data_samples=[sample])
     if model.type == "Mask2Former":
         head = model.panoptic_head
         num_classes = head.num_things_classes + head.num_stuff_classes
@@ -241,13 +253,19 @@ def test_config_trains_one_step(path: str, request: pytest.FixtureRequest) -> No
     drop_pretrained(cfg)
     # grid_sample: the reference implementation, nothing to compile; `auto` and the others
     # are tested on their own (test_msda_switch.py, test_msda_parity.py, test_msda_models.py)
-    cfg.model.msda = dict(impl="grid_sample")
+    segmentor = cfg.model.type == "EncoderDecoder"  # mmseg's: switched by MSDASwitchHook
+    if not segmentor:
+        cfg.model.msda = dict(impl="grid_sample")
     if cfg.model.type == "GroundingDINO":
         cfg.model.language_model.name = request.getfixturevalue("tiny_bert")
     cfg.merge_from_dict(
         {f"model.{k}": v for k, v in STEP_OVERRIDES.get(cfg.model.type, {}).items()}
     )
     model = build_model(cfg)
+    if segmentor:
+        from npudet.models import apply_msda_cfg
+
+        apply_msda_cfg(model, dict(impl="grid_sample"))  # the hook's conversion
     # built before the forward, as the runner does (DDQ-DETR's first forward ties its aux
     # branches into the decoder: mmengine's constructor would then see those parameters twice)
     wrapper = build_optim_wrapper(model, cfg.optim_wrapper)

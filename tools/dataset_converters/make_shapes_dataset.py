@@ -1,11 +1,12 @@
-"""Generate the built-in shapes COCO set (images + annotations/instances_{train,val}.json)."""
+"""Generate the built-in shapes COCO set (images + annotations/instances_{train,val}.json) and
+its semantic maps (semantic/{train,val}/*.png) for the MMSegmentation config."""
 
 from __future__ import annotations
 
 import argparse
 import time
 
-from npudet.datasets import make_shapes_dataset
+from npudet.datasets import make_shapes_dataset, write_semantic_maps
 
 
 def main() -> None:
@@ -21,6 +22,7 @@ def main() -> None:
     wrote = make_shapes_dataset(
         args.root, args.num_train, args.num_val, args.seed, args.size, args.max_objects
     )
+    wrote = write_semantic_maps(args.root) or wrote
     state = f"written in {time.time() - start:.1f} s" if wrote else "already present"
     print(f"[shapes] {args.root}: {args.num_train} train / {args.num_val} val images, {state}")
 

@@ -13,7 +13,7 @@ from .ffn import FFN
 from .layer_switch import PIECES, active_pieces, convert_layers, resolve_layers
 from .msda import MultiScaleDeformableAttention
 from .msda_fused import FusedMultiScaleDeformableAttention
-from .msda_switch import convert_msda, deformable_layers
+from .msda_switch import convert_msda, deformable_layers, stock_msda_layers
 
 __all__ = [
     "FFN",
@@ -27,4 +27,5 @@ __all__ = [
     "convert_msda",
     "deformable_layers",
     "resolve_layers",
+    "stock_msda_layers",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Tuple
+from typing import Iterator, List, Tuple
 
 from mmcv.ops import MultiScaleDeformableAttention as MMCVMultiScaleDeformableAttention
 from torch import nn
@@ -11,6 +11,17 @@ from npudet.nn import DeformableAttention
 from npudet.ops.msda import check_impl_name
 
 from .msda import MultiScaleDeformableAttention
+
+
+def stock_msda_layers(module: nn.Module) -> List[str]:
+    """Qualified names of the mmcv ``MultiScaleDeformableAttention`` layers inside ``module``
+    that still run mmcv's code (not yet converted to npudet's subclass)."""
+    return [
+        name
+        for name, sub in module.named_modules()
+        if isinstance(sub, MMCVMultiScaleDeformableAttention)
+        and not isinstance(sub, DeformableAttention)
+    ]
 
 
 def deformable_layers(module: nn.Module) -> Iterator[Tuple[str, DeformableAttention]]:
