@@ -121,7 +121,8 @@ def apply_msda_cfg(
     (:func:`~npudet.models.layers.convert_layers`; default all). A path no layer sits under
     raises ``ValueError``, and so does a part override for a part with no layer in this
     model (Mask2Former's MSDA is its pixel decoder's ``encoder``; it has no MSDA
-    ``decoder``), naming the key and the model's parts (:func:`missing_part_error`). Returns the per-part implementations.
+    ``decoder``), naming the key and the model's parts (:func:`missing_part_error`).
+    Returns the per-part implementations.
     """
     default, impls = _resolve(msda, key)
     paths = resolve_paths(msda, key)
