@@ -35,8 +35,9 @@ def main() -> None:
     parser.add_argument(
         "--impls",
         default="stock,grid_sample,gather,cpu",
-        help="comma-separated: stock and/or npudet MSDA implementations; IMPL@T runs IMPL on "
-        "T threads, a round-off control (e.g. stock@1)",
+        help="comma-separated: stock and/or npudet MSDA implementations; IMPL:LAYERS sets "
+        "model.msda.layers (e.g. cpu:stock: mmcv's FFNs and layers as they are); IMPL@T runs "
+        "IMPL on T threads, a round-off control (e.g. stock@1)",
     )
     add_run_options(parser, iters=4, warmup_help="iterations left out of medians")
     parser.add_argument(

@@ -234,12 +234,14 @@ def test_control_names() -> None:
     assert parse_run_name("cpu") == ("cpu", None, False) and not parse_run_name("cpu").control
     assert parse_run_name("stock+ulp@1") == ("stock", 1, True)
     assert parse_run_name("stock@2").control and parse_run_name("stock+ulp").control
+    assert parse_run_name("cpu:stock") == ("cpu:stock", None, False)
 
 
 @pytest.mark.parametrize(
     "name,why",
     [("stock@0", "IMPL@THREADS"), ("cpu@x", "IMPL@THREADS"), ("cpu@", "IMPL@THREADS"),
-     ("cpu+ulp", "stock[+]ulp"), ("stock+half", "stock[+]ulp")],
+     ("cpu+ulp", "stock[+]ulp"), ("stock+half", "stock[+]ulp"), ("stock:fast", "IMPL:LAYERS"),
+     ("cpu:gelu", "expected 'fast', 'stock' or pieces")],
 )  # fmt: skip
 def test_bad_control_name_names_the_run(name, why) -> None:
     with pytest.raises(ValueError, match=f"'{re.escape(name)}'.*{why}"):

@@ -76,7 +76,10 @@ def run(spec: Dict[str, Any], hooks: Sequence[Hook] = ()) -> Dict[str, Any]:
     stock = spec["impl"] == "stock"
     cfg = load_config(spec["config"], stock)
     if not stock:
-        cfg.model.msda = dict(impl=spec["impl"], encoder=None, decoder=None)
+        impl, _, layers = spec["impl"].partition(":")  # ``cpu:stock``: model.msda.layers
+        cfg.model.msda = dict(
+            impl=impl, encoder=None, decoder=None, **({"layers": layers} if layers else {})
+        )
     if spec.get("cfg_options"):
         cfg.merge_from_dict(spec["cfg_options"])
     data = spec["data"]

@@ -35,14 +35,22 @@ class RunName(NamedTuple):
 
 
 def parse_run_name(name: str) -> RunName:
-    """``'stock+ulp@1'`` -> RunName('stock', 1, True); ValueError naming the run for a bad
-    thread count, an unknown modifier or ``+ulp`` on anything but ``stock``."""
+    """``'stock+ulp@1'`` -> RunName('stock', 1, True), ``'cpu:stock'`` -> RunName('cpu:stock')
+    (an npudet implementation with its ``model.msda.layers``); ValueError naming the run for
+    a bad thread count, an unknown modifier, ``+ulp`` on anything but ``stock`` or bad layers."""
     head, at, threads = name.partition("@")
     if at and (not threads.isdigit() or int(threads) < 1):
         raise ValueError(f"--impls: {name!r}: expected IMPL@THREADS with THREADS >= 1")
     impl, plus, modifier = head.partition("+")
     if plus and (modifier != ULP or impl != "stock"):
         raise ValueError(f"--impls: {name!r}: the only modifier is stock+{ULP}")
+    base, colon, layers = impl.partition(":")
+    if colon:
+        if base == "stock" or not base:
+            raise ValueError(f"--impls: {name!r}: expected IMPL:LAYERS with an npudet IMPL")
+        from npudet.models.layers import resolve_layers
+
+        resolve_layers(layers, f"--impls item {name!r}")
     return RunName(impl, int(threads) if at else None, bool(plus))
 
 
