@@ -301,7 +301,11 @@ def note_level_layout(
     to hold them (the caller built them so). Calls with these two tensors, unmodified, and
     ``num_keys`` = sum of H*W then check nothing more: no device-to-host read, not even the
     first call's. Inference tensors (no write count) are not remembered: read as usual.
+    Under ``torch.compile`` it does nothing: the traced graph holds no host reads to spare,
+    and dynamo would break the graph at the weak-keyed table.
     """
+    if torch.compiler.is_compiling():
+        return
     shapes = [[int(h), int(w)] for h, w in pairs]
     if tuple(spatial_shapes.shape) != (len(shapes), 2):
         raise ValueError(
@@ -324,7 +328,10 @@ def note_level_layout(
 def noted_level_pairs(spatial_shapes: torch.Tensor) -> Optional[List[Tuple[int, int]]]:
     """The (H, W) pairs :func:`note_level_layout` was told ``spatial_shapes`` holds, while it
     is unmodified since; None otherwise. Lets model code that iterates over the level sizes
-    (reference points, proposals) take them from the host instead of reading the tensor."""
+    (reference points, proposals) take them from the host instead of reading the tensor.
+    None under ``torch.compile`` (see :func:`note_level_layout`)."""
+    if torch.compiler.is_compiling():
+        return None
     entry = _checked_layouts.get(spatial_shapes)
     if entry is None or entry[2] is None or entry[1][0] != spatial_shapes._version:
         return None
