@@ -78,8 +78,11 @@ AUTO_PRIORITY: Dict[str, List[str]] = {
     "cpu": ["cpu", "gather", "grid_sample"],
     # mmcv's kernel is the proven one; triton moves ahead only on a recorded measurement.
     "cuda": ["mmcv", "triton", "gather", "grid_sample"],
-    # gather_det: the one whose backward is deterministic on npu (deterministic mode).
-    "npu": ["npu_vendor", "triton", "gather", "gather_det", "grid_sample"],
+    # gather_det before gather: gather's value gradient (aten::_embedding_bag_backward) has
+    # no NPU kernel in torch_npu, which runs it through its CPU fallback (a host round trip
+    # per layer and step); gather_det's (index_put_ with accumulate) has one, and it is the
+    # one whose backward is deterministic on npu (deterministic mode).
+    "npu": ["npu_vendor", "triton", "gather_det", "gather", "grid_sample"],
 }
 DEFAULT_PRIORITY: List[str] = ["gather", "grid_sample"]
 

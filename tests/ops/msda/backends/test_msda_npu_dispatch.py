@@ -55,7 +55,7 @@ def auto_on(packages, **call) -> str:
 
 
 def test_npu_priority_order():
-    assert auto_order("npu") == ["npu_vendor", "triton", "gather", "gather_det", "grid_sample"]
+    assert auto_order("npu") == ["npu_vendor", "triton", "gather_det", "gather", "grid_sample"]
 
 
 @pytest.mark.parametrize(
@@ -70,24 +70,24 @@ def test_npu_priority_order():
         ({**MX, **TRITON}, dict(dim=36), "triton"),
         ({**MX, **TRITON}, dict(dim=264), "triton"),
         ({**MX, **TRITON}, dict(levels=5, points=13), "triton"),
-        ({**MX, **TRITON}, dict(dtype=torch.float64), "gather"),
-        (MX, dict(heads=16), "gather"),
+        ({**MX, **TRITON}, dict(dtype=torch.float64), "gather_det"),
+        (MX, dict(heads=16), "gather_det"),
         ({**TORCH_NPU, **TRITON}, {}, "triton"),
         (TRITON, {}, "triton"),
-        ({}, {}, "gather"),
+        ({}, {}, "gather_det"),
         ({"mx_driving": "7.1.0", **TRITON}, {}, "triton"),  # no torch_npu: no vendor path
         (MMCV_22, {}, "npu_vendor"),
         (MMCV_22, dict(dtype=torch.float16), "npu_vendor"),
         (MMCV_22, dict(dtype=torch.bfloat16), "npu_vendor"),  # cast to float32
-        (MMCV_22, dict(queries=31), "gather"),
-        (MMCV_22, dict(queries=500_000), "gather"),
-        (MMCV_22, dict(levels=17), "gather"),
+        (MMCV_22, dict(queries=31), "gather_det"),
+        (MMCV_22, dict(queries=500_000), "gather_det"),
+        (MMCV_22, dict(levels=17), "gather_det"),
         (MMCV_22, dict(dim=40), "npu_vendor"),
-        (MMCV_22, dict(dim=36), "gather"),
-        (MMCV_22, dict(heads=2), "gather"),
-        (MMCV_22, dict(points=2), "gather"),
-        (MMCV_22, dict(dim=16), "gather"),
-        ({**TORCH_NPU, "mmcv": "2.1.0", "mmcv._ext": ""}, {}, "gather"),
+        (MMCV_22, dict(dim=36), "gather_det"),
+        (MMCV_22, dict(heads=2), "gather_det"),
+        (MMCV_22, dict(points=2), "gather_det"),
+        (MMCV_22, dict(dim=16), "gather_det"),
+        ({**TORCH_NPU, "mmcv": "2.1.0", "mmcv._ext": ""}, {}, "gather_det"),
     ],
 )
 def test_auto_on_npu(packages, call, expected):
