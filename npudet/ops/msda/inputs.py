@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from npudet.utils.torch_compat import register_fake
+from npudet.utils.torch_compat import is_compiling, register_fake
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -304,7 +304,7 @@ def note_level_layout(
     Under ``torch.compile`` it does nothing: the traced graph holds no host reads to spare,
     and dynamo would break the graph at the weak-keyed table.
     """
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return
     shapes = [[int(h), int(w)] for h, w in pairs]
     if tuple(spatial_shapes.shape) != (len(shapes), 2):
@@ -330,7 +330,7 @@ def noted_level_pairs(spatial_shapes: torch.Tensor) -> Optional[List[Tuple[int, 
     is unmodified since; None otherwise. Lets model code that iterates over the level sizes
     (reference points, proposals) take them from the host instead of reading the tensor.
     None under ``torch.compile`` (see :func:`note_level_layout`)."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return None
     entry = _checked_layouts.get(spatial_shapes)
     if entry is None or entry[2] is None or entry[1][0] != spatial_shapes._version:
